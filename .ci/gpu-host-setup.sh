@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Source on the offline H200 host from the repository root:  source .ci/gpu-host-setup.sh
+# Unpacks the carried bundle (.gpuhost/bundle.tar.xz, built by ../shared/gpu-host/make-bundle) and makes
+# qla_bench and qla_kernels importable without a package index.
+mkdir -p /tmp/site
+[ -f /tmp/site/.unpacked ] || { tar -C /tmp/site -xJf .gpuhost/bundle.tar.xz && touch /tmp/site/.unpacked; }
+mkdir -p /tmp/qla-src
+ln -sfn "$PWD/kernels" /tmp/qla-src/qla_kernels
+export PYTHONPATH=/tmp/site:/tmp/qla-src:$PWD PYTHONUNBUFFERED=1
+export QLA_CACHE_DIR=${QLA_CACHE_DIR:-/tmp/qla-cache}
+export TILELANG_CACHE_DIR=$QLA_CACHE_DIR/tilelang TRITON_CACHE_DIR=$QLA_CACHE_DIR/triton
+export FLASHINFER_WORKSPACE_BASE=$QLA_CACHE_DIR/flashinfer

@@ -1,0 +1,131 @@
+"""Where a number came from: device, driver, library versions, git sha, env flags, device health.
+
+Also the GPU-profile check behind `--gpu NAME`: the name must match the real device.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+from .errors import UsageError
+
+LIBRARIES = ("torch", "triton", "tilelang", "fla-core", "flash-linear-attention", "flashinfer-python",
+             "flash-qla", "qla-bench")
+ENV_FLAGS = ("FLA_FLASH_QLA", "FLA_DISABLE_BACKEND_DISPATCH", "FLA_USE_TILELANG", "TRITON_CACHE_DIR",
+             "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUDA_VISIBLE_DEVICES", "QLA_CACHE_DIR")
+CPU_GPU_NAME = "CPU"
+
+
+def library_versions() -> dict[str, str]:
+    out = {}
+    for dist in LIBRARIES:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def env_flags() -> dict[str, str]:
+    return {n: os.environ[n] for n in ENV_FLAGS if n in os.environ}
+
+
+@lru_cache(maxsize=1)
+def git_sha() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+        sha = out.stdout.strip()
+        if sha:
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+            return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def short_gpu_name(full: str) -> str:
+    """'NVIDIA H200' -> 'H200', 'NVIDIA H100 80GB HBM3' -> 'H100' (the profile/results folder name)."""
+    words = [w for w in full.replace("NVIDIA", "").split() if w]
+    return words[0] if words else full
+
+
+def device_info() -> dict[str, object]:
+    """GPU name, SMs, L2, memory, driver and CUDA of the current device (or the CPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"gpu": CPU_GPU_NAME, "device": platform.processor() or platform.machine(), "cuda": None,
+                "cpu_count": os.cpu_count()}
+    props = torch.cuda.get_device_properties(0)
+    info: dict[str, object] = {
+        "gpu": short_gpu_name(props.name),
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "capability": f"{props.major}.{props.minor}",
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "memory_bytes": props.total_memory,
+        "cuda": torch.version.cuda,
+    }
+    drv = nvml_driver_version()
+    if drv:
+        info["driver"] = drv
+    return info
+
+
+def resolve_gpu(requested: str | None) -> str:
+    """The profile name for this run. `--gpu NAME` must match the device; no GPU means 'CPU'."""
+    actual = str(device_info()["gpu"])
+    if requested is None:
+        return actual
+    if requested.upper() != actual.upper():
+        if actual == CPU_GPU_NAME:
+            raise UsageError("--gpu", f"{requested} requested but no CUDA GPU is visible here",
+                             "omit --gpu on a CPU-only machine, or run on the GPU host")
+        raise UsageError("--gpu", f"{requested} requested but this device is {actual}", actual)
+    return actual
+
+
+def nvml_driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:
+        return None
+
+
+def read_health(index: int = 0) -> dict[str, object]:
+    """SM/memory clocks, temperature, power and throttle reasons from NVML (read-only; {} without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        reasons = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+        return {
+            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "temp_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "throttle_reasons": int(reasons),
+        }
+    except Exception:
+        return {}
+
+
+# NVML throttle bits that mean the measurement ran slower than the card can (idle and app-clock bits are benign)
+_BAD_THROTTLE_BITS = 0x2 | 0x4 | 0x8 | 0x20 | 0x40 | 0x80 | 0x100
+
+
+def is_throttled(before: dict[str, object], after: dict[str, object]) -> bool:
+    return any(int(h.get("throttle_reasons", 0)) & _BAD_THROTTLE_BITS for h in (before, after) if h)

@@ -1,0 +1,149 @@
+"""Isolated backend sessions: each backend library runs in its own subprocess.
+
+A segfault, illegal memory access, OOM or hang in one library becomes a status on its row (ERROR, OOM,
+TIMEOUT) and the sweep goes on; the dead worker is replaced at the next request.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import traceback
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .rows import Status
+from .session import BackendSession, SetupResult
+from .workload import Workload
+
+
+class WorkerFailure(Exception):
+    """The worker died or timed out; carries the row status to record."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _worker_main(conn: Connection, backend: str, device: str, tolerance: str, cold_l2: bool) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    session = BackendSession(backend, device, tolerance, cold_l2)
+    while True:
+        try:
+            cmd, args = conn.recv()
+        except EOFError:
+            return
+        try:
+            if cmd == "close":
+                conn.send(("ok", None))
+                return
+            if cmd == "availability":
+                result: Any = session.availability()
+            elif cmd == "setup":
+                result = asdict(session.setup(*args))
+            elif cmd == "sample":
+                result = session.sample(*args)
+            elif cmd == "teardown":
+                result = session.teardown()
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+            conn.send(("ok", result))
+        except Exception as exc:
+            conn.send(("err", f"{type(exc).__name__}: {exc} | {traceback.format_exc().strip().splitlines()[-1]}"))
+
+
+class IsolatedSession:
+    """Same interface as BackendSession, proxied to a subprocess with a per-request timeout."""
+
+    def __init__(self, backend: str, device: str = "auto", tolerance: str = "bf16", cold_l2: bool = True,
+                 timeout_s: float = 600.0) -> None:
+        self.args = (backend, device, tolerance, cold_l2)
+        self.backend_name = backend
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._proc: mp.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_worker_main, args=(child, *self.args), daemon=True,
+                                       name=f"qla-worker-{self.backend_name}")
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        self._proc, self._conn = None, None
+
+    def _request(self, cmd: str, *args: Any, timeout_s: float | None = None) -> Any:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        assert self._conn is not None and self._proc is not None
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            self._conn.send((cmd, args))
+            ready = self._conn.poll(timeout)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            ready = False
+        if not ready:
+            alive = self._proc.is_alive()
+            code = self._proc.exitcode
+            self._kill()
+            if alive:
+                raise WorkerFailure(Status.TIMEOUT, f"{self.backend_name}: no answer to {cmd} within {timeout:g} s")
+            raise WorkerFailure(Status.ERROR, f"{self.backend_name} worker died ({_describe_exit(code)}) during {cmd}")
+        try:
+            kind, payload = self._conn.recv()
+        except (EOFError, ConnectionResetError):
+            code = self._proc.exitcode
+            self._kill()
+            raise WorkerFailure(Status.ERROR, f"{self.backend_name} worker died ({_describe_exit(code)}) during {cmd}") from None
+        if kind == "err":
+            raise RuntimeError(payload)
+        return payload
+
+    def availability(self) -> str | None:
+        try:
+            return self._request("availability", timeout_s=min(self.timeout_s, 300))
+        except WorkerFailure as exc:
+            return exc.reason
+
+    def setup(self, wl: Workload, mode: str, seed: int, check_seeds: int = 1) -> SetupResult:
+        try:
+            return SetupResult(**self._request("setup", wl, mode, seed, check_seeds))
+        except WorkerFailure as exc:
+            return SetupResult(exc.status.value, exc.reason)
+
+    def sample(self, timer: str, reps: int) -> list[float]:
+        return self._request("sample", timer, reps)
+
+    def teardown(self) -> None:
+        try:
+            self._request("teardown", timeout_s=60)
+        except (WorkerFailure, RuntimeError):
+            pass
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._request("close", timeout_s=10)
+            except (WorkerFailure, RuntimeError):
+                pass
+        self._kill()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
