@@ -24,14 +24,17 @@ def _median_event_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _copy_ms(copy_bytes: int, reps: int) -> float:
+    src = torch.randint(0, 1 << 30, (copy_bytes // 4,), dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    return _median_event_ms(lambda: dst.copy_(src), reps)
+
+
 def measure_ceilings(gpu: str, copy_bytes: int = 4 << 30, n: int = 8192, reps: int = 10) -> Ceilings:
     """Device-to-device copy (bytes read + written) and an n^3 bf16 matmul on random data; medians."""
     if not torch.cuda.is_available():
         raise RuntimeError("calibration needs a CUDA device")
-    src = torch.randint(0, 1 << 30, (copy_bytes // 4,), dtype=torch.int32, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = _median_event_ms(lambda: dst.copy_(src), reps)
-    del src, dst
+    copy_ms = _copy_ms(copy_bytes, reps)
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     mm_ms = _median_event_ms(lambda: a @ b, reps)

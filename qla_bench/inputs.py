@@ -21,7 +21,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 def zero_gate_heads(h_v: int, frac: float, gen: torch.Generator) -> torch.Tensor:
     """Indices of the value heads whose gate is exactly 0 (chosen at random, count = round(frac*h_v))."""
-    n = int(round(frac * h_v))
+    n = round(frac * h_v)
     return torch.randperm(h_v, generator=gen)[:n]
 
 
@@ -69,4 +69,6 @@ def make_inputs(
     cu = torch.tensor(cu_seqlens_of(workload.seqlens), dtype=torch.int64, device=device)
     do = randn(1, t, h_v, vd).to(dtype) if with_grads else None
     dht = randn(n, h_v, kd, vd) if with_grads else None
-    return GDNInputs(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu_seqlens=cu, scale=kd**-0.5, do=do, dht=dht, workload=workload)
+    return GDNInputs(
+        q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu_seqlens=cu, scale=kd**-0.5, do=do, dht=dht, workload=workload
+    )

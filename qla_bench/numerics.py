@@ -29,9 +29,7 @@ class Tolerance:
 # (issue targets: 0.005 on o and final state; 0.01 on dq, dk, dv, dh0 and 0.02 on dg, dbeta).
 TOLERANCES = {
     "bf16": Tolerance("bf16", 0.02),
-    "strict": Tolerance(
-        "strict", 0.005, {"dq": 0.01, "dk": 0.01, "dv": 0.01, "dh0": 0.01, "dg": 0.02, "dbeta": 0.02}
-    ),
+    "strict": Tolerance("strict", 0.005, {"dq": 0.01, "dk": 0.01, "dv": 0.01, "dh0": 0.01, "dg": 0.02, "dbeta": 0.02}),
     "fp32": Tolerance("fp32", 1e-4),
 }
 

@@ -14,10 +14,26 @@ from pathlib import Path
 
 from .errors import UsageError
 
-LIBRARIES = ("torch", "triton", "tilelang", "fla-core", "flash-linear-attention", "flashinfer-python",
-             "flash-qla", "qla-bench")
-ENV_FLAGS = ("FLA_FLASH_QLA", "FLA_DISABLE_BACKEND_DISPATCH", "FLA_USE_TILELANG", "TRITON_CACHE_DIR",
-             "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUDA_VISIBLE_DEVICES", "QLA_CACHE_DIR")
+LIBRARIES = (
+    "torch",
+    "triton",
+    "tilelang",
+    "fla-core",
+    "flash-linear-attention",
+    "flashinfer-python",
+    "flash-qla",
+    "qla-bench",
+)
+ENV_FLAGS = (
+    "FLA_FLASH_QLA",
+    "FLA_DISABLE_BACKEND_DISPATCH",
+    "FLA_USE_TILELANG",
+    "TRITON_CACHE_DIR",
+    "TILELANG_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+    "CUDA_VISIBLE_DEVICES",
+    "QLA_CACHE_DIR",
+)
 CPU_GPU_NAME = "CPU"
 
 
@@ -39,12 +55,22 @@ def env_flags() -> dict[str, str]:
 def git_sha() -> str:
     root = Path(__file__).resolve().parents[1]
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
         sha = out.stdout.strip()
         if sha:
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            ).stdout.strip()
             return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
@@ -62,8 +88,12 @@ def device_info() -> dict[str, object]:
     import torch
 
     if not torch.cuda.is_available():
-        return {"gpu": CPU_GPU_NAME, "device": platform.processor() or platform.machine(), "cuda": None,
-                "cpu_count": os.cpu_count()}
+        return {
+            "gpu": CPU_GPU_NAME,
+            "device": platform.processor() or platform.machine(),
+            "cuda": None,
+            "cpu_count": os.cpu_count(),
+        }
     props = torch.cuda.get_device_properties(0)
     info: dict[str, object] = {
         "gpu": short_gpu_name(props.name),
@@ -87,8 +117,11 @@ def resolve_gpu(requested: str | None) -> str:
         return actual
     if requested.upper() != actual.upper():
         if actual == CPU_GPU_NAME:
-            raise UsageError("--gpu", f"{requested} requested but no CUDA GPU is visible here",
-                             "omit --gpu on a CPU-only machine, or run on the GPU host")
+            raise UsageError(
+                "--gpu",
+                f"{requested} requested but no CUDA GPU is visible here",
+                "omit --gpu on a CPU-only machine, or run on the GPU host",
+            )
         raise UsageError("--gpu", f"{requested} requested but this device is {actual}", actual)
     return actual
 

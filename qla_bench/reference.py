@@ -9,6 +9,8 @@ enough for 32K-token sequences and differentiable for the gradient reference.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 CHUNK = 64
@@ -28,9 +30,9 @@ def _check_and_split(q, k, v, g, beta, initial_state, cu_seqlens):
         if b != 1:
             raise ValueError(f"cu_seqlens needs B = 1, got B = {b}")
         cu = [int(x) for x in cu_seqlens.tolist()]
-        if cu[0] != 0 or cu[-1] != t or any(y <= x for x, y in zip(cu, cu[1:])):
+        if cu[0] != 0 or cu[-1] != t or any(y <= x for x, y in itertools.pairwise(cu)):
             raise ValueError(f"cu_seqlens must rise strictly from 0 to T={t}, got {cu}")
-        spans = list(zip(cu[:-1], cu[1:]))
+        spans = list(itertools.pairwise(cu))
     else:
         spans = [(i * t, (i + 1) * t) for i in range(b)]
     n = len(spans)
@@ -94,7 +96,9 @@ def _chunked_sequence(qs, ks, vs, gs, bs, state, scale):
         lower = torch.tril(torch.ones(c, c, dtype=torch.bool, device=qs.device))
         kkt = bc[:, :, None] * (kc @ kc.transpose(-1, -2))
         a0 = torch.linalg.solve_triangular(
-            eye + torch.where(strict, kkt, torch.zeros_like(kkt)), eye.expand_as(kkt), upper=False,
+            eye + torch.where(strict, kkt, torch.zeros_like(kkt)),
+            eye.expand_as(kkt),
+            upper=False,
             unitriangular=True,
         )
         diff = gc[:, :, None] - gc[:, None, :]
@@ -150,7 +154,9 @@ def chunk_gated_delta_rule_ref_grads(
     The loss is <o, do> + <final_state, dht>; dq/dk come out summed over each GVA group because the
     forward expands q/k with repeat_interleave. dh0 is returned only when initial_state is given.
     """
-    leaves = {n: _as64(x).detach().requires_grad_(True) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
+    leaves = {
+        n: _as64(x).detach().requires_grad_(True) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    }
     h0 = _as64(initial_state).detach().requires_grad_(True) if initial_state is not None else None
     with torch.enable_grad():
         o, ht = chunk_gated_delta_rule_ref(

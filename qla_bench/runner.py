@@ -72,11 +72,27 @@ def _base_row(point: SweepPoint, backend: str, opts: RunOptions, timer: str, run
     wl = point.workload
     recipe = wl.recipe if wl else InputRecipe()
     return Row(
-        backend=backend, mode=opts.mode, h_qk=point.h_qk, h_v=point.h_v, k=wl.k if wl else 128,
-        v=wl.v if wl else 128, seqlens=list(point.seqlens), label=point.label, model=point.model,
-        dtype=recipe.dtype, gate=recipe.gate, zero_gate_frac=recipe.zero_gate_frac,
-        seed=wl.seed(opts.seed_base) if wl else 0, sweep=opts.sweep, timer=timer, gpu=opts.gpu,
-        versions=library_versions(), env_flags=env_flags(), git_sha=git_sha(), run_id=run_id, timestamp=_now(),
+        backend=backend,
+        mode=opts.mode,
+        h_qk=point.h_qk,
+        h_v=point.h_v,
+        k=wl.k if wl else 128,
+        v=wl.v if wl else 128,
+        seqlens=list(point.seqlens),
+        label=point.label,
+        model=point.model,
+        dtype=recipe.dtype,
+        gate=recipe.gate,
+        zero_gate_frac=recipe.zero_gate_frac,
+        seed=wl.seed(opts.seed_base) if wl else 0,
+        sweep=opts.sweep,
+        timer=timer,
+        gpu=opts.gpu,
+        versions=library_versions(),
+        env_flags=env_flags(),
+        git_sha=git_sha(),
+        run_id=run_id,
+        timestamp=_now(),
     )
 
 
@@ -98,8 +114,9 @@ def _timers(opts: RunOptions) -> tuple[str, ...]:
     return ("",) if opts.numerics_only else opts.timers
 
 
-def measure_point(point: SweepPoint, opts: RunOptions, sessions: dict, run_id: str,
-                  cb: Callbacks | None = None) -> list[Row]:
+def measure_point(
+    point: SweepPoint, opts: RunOptions, sessions: dict, run_id: str, cb: Callbacks | None = None
+) -> list[Row]:
     """All rows of one config: numerics per backend, then interleaved timing of the passing ones."""
     cb = cb or Callbacks()
     timers = _timers(opts)
@@ -122,16 +139,17 @@ def measure_point(point: SweepPoint, opts: RunOptions, sessions: dict, run_id: s
     samples: dict[tuple[str, str], list[float]] = {}
     failures: dict[tuple[str, str], tuple[str, str]] = {}
     if not opts.numerics_only and passing:
-        per_round = max(1, opts.reps // opts.rounds)
+        rounds = min(opts.rounds, opts.reps)
+        per_round = [opts.reps // rounds + (1 if r < opts.reps % rounds else 0) for r in range(rounds)]
         for timer in timers:
-            for r in range(opts.rounds):
+            for r in range(rounds):
                 order = passing if r % 2 == 0 else list(reversed(passing))  # A B C, C B A: cancels drift
                 for b in order:
                     if (b, timer) in failures:
                         continue
-                    cb.backend_step(b, f"{timer} round {r + 1}/{opts.rounds}")
+                    cb.backend_step(b, f"{timer} round {r + 1}/{rounds}")
                     try:
-                        samples.setdefault((b, timer), []).extend(sessions[b].sample(timer, per_round))
+                        samples.setdefault((b, timer), []).extend(sessions[b].sample(timer, per_round[r]))
                     except WorkerFailure as exc:
                         failures[(b, timer)] = (exc.status.value, exc.reason)
                     except Exception as exc:
@@ -169,8 +187,9 @@ def _fill_timing(row: Row, samples_ms: list[float], wl: Workload, opts: RunOptio
     row.tflops, row.gbps, row.pct_roofline = d["tflops"], d["gbps"], d["pct_roofline"]
 
 
-def run_sweep(sweep: Sweep, opts: RunOptions, out_path: Path | None, cb: Callbacks | None = None,
-              resume: bool = True) -> list[Row]:
+def run_sweep(
+    sweep: Sweep, opts: RunOptions, out_path: Path | None, cb: Callbacks | None = None, resume: bool = True
+) -> list[Row]:
     """Measure every point; rows are appended to out_path as each config finishes."""
     cb = cb or Callbacks()
     run_id = uuid.uuid4().hex[:12]
@@ -209,8 +228,15 @@ def points_from_rows(rows: Iterable[Row]) -> list[SweepPoint]:
         if key in seen:
             continue
         heads = HeadConfig(r.h_qk, r.h_v, r.model)
-        wl = Workload(heads, tuple(r.seqlens), r.k, r.v, InputRecipe(r.gate, r.zero_gate_frac, r.dtype),
-                      model=r.model, label=r.label)
+        wl = Workload(
+            heads,
+            tuple(r.seqlens),
+            r.k,
+            r.v,
+            InputRecipe(r.gate, r.zero_gate_frac, r.dtype),
+            model=r.model,
+            label=r.label,
+        )
         seen[key] = SweepPoint(r.model, r.label, tuple(r.seqlens), wl, "", r.h_qk, r.h_v)
     return list(seen.values())
 
@@ -229,8 +255,14 @@ def remeasure(rows: list[Row], reps: int | None = None) -> list[Row]:
     gpu = resolve_gpu(None)
     for (mode, timer, sweep_name), group in groups.items():
         backends = sorted({r.backend for r in group})
-        opts = RunOptions(mode=mode, backends=backends, timers=(timer,), gpu=gpu, sweep=sweep_name,
-                          reps=reps or max(len(group[0].samples_ms), 20))
+        opts = RunOptions(
+            mode=mode,
+            backends=backends,
+            timers=(timer,),
+            gpu=gpu,
+            sweep=sweep_name,
+            reps=reps or max(len(group[0].samples_ms), 20),
+        )
         sweep = Sweep(name=sweep_name, mode=mode, points=points_from_rows(group))
         wanted = {r.config_key() for r in group}
         out.extend(r for r in run_sweep(sweep, opts, None, resume=False) if r.config_key() in wanted)

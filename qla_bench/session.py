@@ -133,8 +133,9 @@ class BackendSession:
         cmp = compare_outputs(prepared.outputs(raw), ref, self.tolerance)
         if keep:
             self.prepared = prepared
-        return SetupResult(cmp.status.value, cmp.reason, cmp.rel_l2, cmp.max_abs, cmp.nonfinite,
-                           first_ms if keep else None, **base)
+        return SetupResult(
+            cmp.status.value, cmp.reason, cmp.rel_l2, cmp.max_abs, cmp.nonfinite, first_ms if keep else None, **base
+        )
 
     def sample(self, timer: str, reps: int) -> list[float]:
         if self.prepared is None:

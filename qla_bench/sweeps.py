@@ -147,8 +147,9 @@ def parse_sweep(data: dict, name: str, source: str = "") -> Sweep:
         dtype=str(data.get("dtype", "bfloat16")),
     )
     k, v = int(data.get("k", 128)), int(data.get("v", 128))
-    sweep = Sweep(name=str(data.get("name", name)), mode=mode, description=str(data.get("description", "")),
-                  source=source)
+    sweep = Sweep(
+        name=str(data.get("name", name)), mode=mode, description=str(data.get("description", "")), source=source
+    )
     mixes = _mixes(data, where)
     for model, h_qk, h_v, skip in _head_entries(data, where):
         for label, lens in mixes:
@@ -180,8 +181,9 @@ def load_sweep(name_or_path: str) -> Sweep:
     return parse_sweep(data, p.stem, str(p))
 
 
-def override_sweep(sweep: Sweep, heads: str | None = None, seqlens: str | None = None,
-                   mode: str | None = None) -> Sweep:
+def override_sweep(
+    sweep: Sweep, heads: str | None = None, seqlens: str | None = None, mode: str | None = None
+) -> Sweep:
     """Replace a sweep's head configs and/or sequence mixes with CLI lists ('16/32,2/8', '1x32768,8192x4')."""
     if heads is None and seqlens is None and mode is None:
         return sweep
@@ -208,6 +210,9 @@ def override_sweep(sweep: Sweep, heads: str | None = None, seqlens: str | None =
     for model, h_qk, h_v in head_items:
         for label, lens in mixes:
             heads_cfg = HeadConfig(h_qk, h_v, model)
-            out.points.append(SweepPoint(model, label, lens, Workload(heads_cfg, lens, k, v, recipe, model=model,
-                                                                       label=label), "", h_qk, h_v))
+            out.points.append(
+                SweepPoint(
+                    model, label, lens, Workload(heads_cfg, lens, k, v, recipe, model=model, label=label), "", h_qk, h_v
+                )
+            )
     return out

@@ -6,6 +6,7 @@ TIMEOUT) and the sweep goes on; the dead worker is replaced at the next request.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -58,8 +59,14 @@ def _worker_main(conn: Connection, backend: str, device: str, tolerance: str, co
 class IsolatedSession:
     """Same interface as BackendSession, proxied to a subprocess with a per-request timeout."""
 
-    def __init__(self, backend: str, device: str = "auto", tolerance: str = "bf16", cold_l2: bool = True,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        backend: str,
+        device: str = "auto",
+        tolerance: str = "bf16",
+        cold_l2: bool = True,
+        timeout_s: float = 600.0,
+    ) -> None:
         self.args = (backend, device, tolerance, cold_l2)
         self.backend_name = backend
         self.timeout_s = timeout_s
@@ -69,8 +76,9 @@ class IsolatedSession:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_worker_main, args=(child, *self.args), daemon=True,
-                                       name=f"qla-worker-{self.backend_name}")
+        self._proc = self._ctx.Process(
+            target=_worker_main, args=(child, *self.args), daemon=True, name=f"qla-worker-{self.backend_name}"
+        )
         self._proc.start()
         child.close()
         self._conn = parent
@@ -101,9 +109,12 @@ class IsolatedSession:
         try:
             kind, payload = self._conn.recv()
         except (EOFError, ConnectionResetError):
+            self._proc.join(5)  # reap it, so the exit code (or signal) is known
             code = self._proc.exitcode
             self._kill()
-            raise WorkerFailure(Status.ERROR, f"{self.backend_name} worker died ({_describe_exit(code)}) during {cmd}") from None
+            raise WorkerFailure(
+                Status.ERROR, f"{self.backend_name} worker died ({_describe_exit(code)}) during {cmd}"
+            ) from None
         if kind == "err":
             raise RuntimeError(payload)
         return payload
@@ -124,17 +135,13 @@ class IsolatedSession:
         return self._request("sample", timer, reps)
 
     def teardown(self) -> None:
-        try:
+        with contextlib.suppress(WorkerFailure, RuntimeError):
             self._request("teardown", timeout_s=60)
-        except (WorkerFailure, RuntimeError):
-            pass
 
     def close(self) -> None:
         if self._proc is not None and self._proc.is_alive():
-            try:
+            with contextlib.suppress(WorkerFailure, RuntimeError):
                 self._request("close", timeout_s=10)
-            except (WorkerFailure, RuntimeError):
-                pass
         self._kill()
 
 

@@ -6,6 +6,7 @@ Kept free of torch so sweeps, reports and the gate can use it on any machine.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -67,9 +68,7 @@ def parse_seqlens(text: str) -> tuple[int, ...]:
         else:
             lens = (int(s),)
     except ValueError:
-        raise UsageError(
-            "--seqlens", f"cannot parse {text!r}", "L, 1xL, LxN (N sequences of L) or L1+L2+..."
-        ) from None
+        raise UsageError("--seqlens", f"cannot parse {text!r}", "L, 1xL, LxN (N sequences of L) or L1+L2+...") from None
     return validate_seqlens(lens, "--seqlens")
 
 
@@ -102,7 +101,7 @@ def validate_cu_seqlens(cu: list[int]) -> list[int]:
     """cu_seqlens must start at 0 and increase strictly (every sequence has >= 1 token)."""
     if len(cu) < 2 or cu[0] != 0:
         raise UsageError("cu_seqlens", f"must start at 0 and have >= 2 entries, got {cu}")
-    for a, b in zip(cu, cu[1:]):
+    for a, b in itertools.pairwise(cu):
         if b <= a:
             raise UsageError("cu_seqlens", f"must be strictly increasing, got {cu}")
     return cu

@@ -52,7 +52,14 @@ class QlaBackend(Backend):
 
         def run():
             return mod.chunk_gated_delta_rule(
-                x.q, x.k, x.v, x.g, x.beta, scale=x.scale, initial_state=x.h0, output_final_state=True,
+                x.q,
+                x.k,
+                x.v,
+                x.g,
+                x.beta,
+                scale=x.scale,
+                initial_state=x.h0,
+                output_final_state=True,
                 cu_seqlens=x.cu_seqlens,
             )
 

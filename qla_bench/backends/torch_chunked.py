@@ -7,6 +7,8 @@ backend that runs on the CPU, and a portable GPU baseline. Backward and train go
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ..workload import Workload
@@ -19,7 +21,7 @@ CHUNK = 64
 def _chunk_table(cu: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
     """Token index [Nc, 64] and valid mask per chunk, first chunk id and chunk count per sequence."""
     starts, lens, first, count = [], [], [], []
-    for s, e in zip(cu[:-1], cu[1:]):
+    for s, e in itertools.pairwise(cu):
         first.append(len(starts))
         for c0 in range(s, e, CHUNK):
             starts.append(c0)
@@ -107,8 +109,9 @@ class TorchChunkedBackend(Backend):
                 with torch.no_grad():
                     return chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
 
-            return Prepared(run=run, outputs=lambda res: {"o": res[0].to(x.v.dtype), "final_state": res[1]},
-                            graph_safe=False)
+            return Prepared(
+                run=run, outputs=lambda res: {"o": res[0].to(x.v.dtype), "final_state": res[1]}, graph_safe=False
+            )
         leaves = [t.detach().float().requires_grad_(True) for t in (x.q, x.k, x.v, x.g, x.beta, x.h0)]
 
         def forward():

@@ -36,12 +36,13 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     from ..errors import QlaBenchError
-
     from . import register_commands
 
     register_commands()
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # click returns typer.Exit codes here
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except QlaBenchError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(exc.exit_code)
@@ -50,13 +51,12 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("[yellow]interrupted[/]: rows written so far are kept; rerun with the same --out to resume")
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.exceptions.UsageError):
+    except Exception as exc:  # click's usage errors (typer may vendor its own click: match by class name)
+        kinds = {c.__name__ for c in type(exc).__mro__}
+        if "UsageError" in kinds and hasattr(exc, "format_message"):
             err_console.print(f"[bold red]error:[/] {exc.format_message()}", highlight=False)
             sys.exit(EXIT_USAGE)
-        if isinstance(exc, click.exceptions.ClickException):
+        if "ClickException" in kinds and hasattr(exc, "show"):
             exc.show()
-            sys.exit(exc.exit_code)
+            sys.exit(getattr(exc, "exit_code", 1))
         raise

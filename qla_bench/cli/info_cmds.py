@@ -24,8 +24,15 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readabl
             why = b.available()
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
-        backends.append({"name": name, "available": why is None, "reason": why or "", "modes": list(b.modes),
-                         "description": b.description})
+        backends.append(
+            {
+                "name": name,
+                "available": why is None,
+                "reason": why or "",
+                "modes": list(b.modes),
+                "description": b.description,
+            }
+        )
     sweeps = []
     for name, path in available_sweeps().items():
         s = load_sweep(str(path))
@@ -37,8 +44,12 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readabl
     for col in ("name", "modes", "available", "reason / description"):
         t.add_column(col)
     for b in backends:
-        t.add_row(b["name"], ",".join(b["modes"]), "[green]yes[/]" if b["available"] else "[red]no[/]",
-                  b["reason"] or b["description"])
+        t.add_row(
+            b["name"],
+            ",".join(b["modes"]),
+            "[green]yes[/]" if b["available"] else "[red]no[/]",
+            b["reason"] or b["description"],
+        )
     console.print(t)
     s_t = Table(title="sweeps")
     for col in ("name", "mode", "points", "description"):
@@ -50,8 +61,12 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readabl
 
 @app.command("env")
 def env_cmd(
-    calibrate: bool = typer.Option(False, "--calibrate", help="Measure copy bandwidth and bf16 matmul rate and "
-                                   "store them as the GPU profile (results/<GPU>/device_profile.json)."),
+    calibrate: bool = typer.Option(
+        False,
+        "--calibrate",
+        help="Measure copy bandwidth and bf16 matmul rate and "
+        "store them as the GPU profile (results/<GPU>/device_profile.json).",
+    ),
     gpu: str = typer.Option(None, "--gpu", help="Expected GPU (e.g. H200); must match the device."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -63,8 +78,11 @@ def env_cmd(
 
         ceilings = measure_ceilings(name)
         path = ceilings.save(device_profile_path(name))
-        info["ceilings"] = {"matmul_tflops": ceilings.matmul_tflops, "copy_gbps": ceilings.copy_gbps,
-                            "saved_to": str(path)}
+        info["ceilings"] = {
+            "matmul_tflops": ceilings.matmul_tflops,
+            "copy_gbps": ceilings.copy_gbps,
+            "saved_to": str(path),
+        }
     if as_json:
         console.print_json(json.dumps(info, default=str))
         return

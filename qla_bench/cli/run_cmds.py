@@ -22,8 +22,14 @@ from ..timing import TIMERS
 from .app import EXIT_NUMERICS, app, console, err_console
 
 _TIMER_ALIASES = {"events": "cuda-events", "graph": "cuda-graph", "wall": "cpu-wall"}
-_DEFAULT_SWEEP = {("fwd", True): "qwen35-fwd", ("fwd", False): "cpu-smoke", ("bwd", True): "qwen35-bwd",
-                  ("bwd", False): "cpu-smoke", ("train", True): "qwen35-bwd", ("train", False): "cpu-smoke"}
+_DEFAULT_SWEEP = {
+    ("fwd", True): "qwen35-fwd",
+    ("fwd", False): "cpu-smoke",
+    ("bwd", True): "qwen35-bwd",
+    ("bwd", False): "cpu-smoke",
+    ("train", True): "qwen35-bwd",
+    ("train", False): "cpu-smoke",
+}
 
 
 def parse_timers(text: str | None, on_gpu: bool) -> tuple[str, ...]:
@@ -88,11 +94,29 @@ class _ProgressCallbacks(Callbacks):
             self.progress.advance(self.task)
 
 
-def execute(mode: str, *, gpu: str | None, backends: str | None, sweep: str | None, heads: str | None,
-            seqlens: str | None, out: Path | None, timers: str | None, reps: int | None, rounds: int,
-            isolate: bool | None, timeout: float, tolerance: str, check_seeds: int, warm_l2: bool,
-            resume: bool, report: bool, cache_dir: Path | None, numerics_only: bool = False,
-            rows_file: str | None = None) -> tuple[list[Row], Path | None]:
+def execute(
+    mode: str,
+    *,
+    gpu: str | None,
+    backends: str | None,
+    sweep: str | None,
+    heads: str | None,
+    seqlens: str | None,
+    out: Path | None,
+    timers: str | None,
+    reps: int | None,
+    rounds: int,
+    isolate: bool | None,
+    timeout: float,
+    tolerance: str,
+    check_seeds: int,
+    warm_l2: bool,
+    resume: bool,
+    report: bool,
+    cache_dir: Path | None,
+    numerics_only: bool = False,
+    rows_file: str | None = None,
+) -> tuple[list[Row], Path | None]:
     """Shared body of the run commands: validate everything before any kernel runs, then sweep."""
     started = time.perf_counter()
     gpu_name = resolve_gpu(gpu)
@@ -108,14 +132,34 @@ def execute(mode: str, *, gpu: str | None, backends: str | None, sweep: str | No
     out_dir = Path(out) if out else results_dir(gpu_name)
     out_path = out_dir / (rows_file or f"{the_sweep.name}-{mode}.jsonl")
     ceilings = Ceilings.load(device_profile_path(gpu_name, out_dir)) if on_gpu else None
-    opts = RunOptions(mode=mode, backends=names, timers=timer_list, reps=reps or (100 if on_gpu else 5),
-                      rounds=rounds, tolerance=tolerance, isolate=on_gpu if isolate is None else isolate,
-                      timeout_s=timeout, cold_l2=not warm_l2, gpu=gpu_name, check_seeds=check_seeds,
-                      sweep=the_sweep.name, numerics_only=numerics_only, ceilings=ceilings)
-    err_console.print(f"[dim]{mode}: sweep {the_sweep.name} ({len(the_sweep.points)} configs) x "
-                      f"{', '.join(names)} on {gpu_name}; timers {', '.join(timer_list)}; rows -> {out_path}[/]")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn())
+    opts = RunOptions(
+        mode=mode,
+        backends=names,
+        timers=timer_list,
+        reps=reps or (100 if on_gpu else 5),
+        rounds=rounds,
+        tolerance=tolerance,
+        isolate=on_gpu if isolate is None else isolate,
+        timeout_s=timeout,
+        cold_l2=not warm_l2,
+        gpu=gpu_name,
+        check_seeds=check_seeds,
+        sweep=the_sweep.name,
+        numerics_only=numerics_only,
+        ceilings=ceilings,
+    )
+    err_console.print(
+        f"[dim]{mode}: sweep {the_sweep.name} ({len(the_sweep.points)} configs) x "
+        f"{', '.join(names)} on {gpu_name}; timers {', '.join(timer_list)}; rows -> {out_path}[/]"
+    )
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err_console, transient=False) as progress:
         task = progress.add_task(the_sweep.name, total=len(the_sweep.points))
         cb = _ProgressCallbacks(progress, task)
@@ -152,8 +196,14 @@ def print_summary(rows: list[Row], mode: str) -> None:
                 others[r.status] = others.get(r.status, 0) + 1
         meds = [r.median_ms for r in passed if r.median_ms]
         worst = max((max(r.rel_l2.values()) for r in rs if r.rel_l2), default=None)
-        t.add_row(b, timer or "-", str(len(passed)), ", ".join(f"{k} {v}" for k, v in others.items()) or "-",
-                  f"{geomean(meds):.4f}" if meds else "-", f"{worst:.2e}" if worst is not None else "-")
+        t.add_row(
+            b,
+            timer or "-",
+            str(len(passed)),
+            ", ".join(f"{k} {v}" for k, v in others.items()) or "-",
+            f"{geomean(meds):.4f}" if meds else "-",
+            f"{worst:.2e}" if worst is not None else "-",
+        )
     console.print(t)
     bad = [r for r in rows if r.status in (Status.INCORRECT.value, Status.ERROR.value)]
     for r in bad[:10]:
@@ -163,7 +213,9 @@ def print_summary(rows: list[Row], mode: str) -> None:
 # ---- shared options ---------------------------------------------------------------------------------
 GPU = typer.Option(None, "--gpu", help="GPU profile name, e.g. H200; must match the device. Default: detected.")
 BACKENDS = typer.Option(None, "--backends", "-b", help="Comma list (default: every backend available here).")
-SWEEP = typer.Option(None, "--sweep", "-s", help="Sweep name or TOML path (default: qwen35-* on GPU, cpu-smoke on CPU).")
+SWEEP = typer.Option(
+    None, "--sweep", "-s", help="Sweep name or TOML path (default: qwen35-* on GPU, cpu-smoke on CPU)."
+)
 HEADS = typer.Option(None, "--heads", help="Override head configs: '16/32,2/8'.")
 SEQLENS = typer.Option(None, "--seqlens", help="Override sequence mixes: '1x32768,8192x4,28672+4096'.")
 OUT = typer.Option(None, "--out", "-o", help="Results folder (default: results/<GPU>).")
@@ -181,57 +233,180 @@ CACHE = typer.Option(None, "--cache-dir", help="Root of the TileLang/Triton/Flas
 
 
 @app.command("fwd")
-def fwd_cmd(gpu: str = GPU, backends: str = BACKENDS, sweep: str = SWEEP, heads: str = HEADS, seqlens: str = SEQLENS,
-            out: Path = OUT, timers: str = TIMERS_OPT, reps: int = REPS, rounds: int = ROUNDS, isolate: bool = ISOLATE,
-            timeout: float = TIMEOUT, tolerance: str = TOLERANCE, check_seeds: int = SEEDS, warm_l2: bool = WARM,
-            resume: bool = RESUME, report: bool = REPORT, cache_dir: Path = CACHE) -> None:
+def fwd_cmd(
+    gpu: str = GPU,
+    backends: str = BACKENDS,
+    sweep: str = SWEEP,
+    heads: str = HEADS,
+    seqlens: str = SEQLENS,
+    out: Path = OUT,
+    timers: str = TIMERS_OPT,
+    reps: int = REPS,
+    rounds: int = ROUNDS,
+    isolate: bool = ISOLATE,
+    timeout: float = TIMEOUT,
+    tolerance: str = TOLERANCE,
+    check_seeds: int = SEEDS,
+    warm_l2: bool = WARM,
+    resume: bool = RESUME,
+    report: bool = REPORT,
+    cache_dir: Path = CACHE,
+) -> None:
     """Forward sweep: numerics against float64, then timing; rows, table, report and plots."""
-    execute("fwd", gpu=gpu, backends=backends, sweep=sweep, heads=heads, seqlens=seqlens, out=out, timers=timers,
-            reps=reps, rounds=rounds, isolate=isolate, timeout=timeout, tolerance=tolerance, check_seeds=check_seeds,
-            warm_l2=warm_l2, resume=resume, report=report, cache_dir=cache_dir)
+    execute(
+        "fwd",
+        gpu=gpu,
+        backends=backends,
+        sweep=sweep,
+        heads=heads,
+        seqlens=seqlens,
+        out=out,
+        timers=timers,
+        reps=reps,
+        rounds=rounds,
+        isolate=isolate,
+        timeout=timeout,
+        tolerance=tolerance,
+        check_seeds=check_seeds,
+        warm_l2=warm_l2,
+        resume=resume,
+        report=report,
+        cache_dir=cache_dir,
+    )
 
 
 @app.command("bwd")
-def bwd_cmd(gpu: str = GPU, backends: str = BACKENDS, sweep: str = SWEEP, heads: str = HEADS, seqlens: str = SEQLENS,
-            out: Path = OUT, timers: str = TIMERS_OPT, reps: int = REPS, rounds: int = ROUNDS, isolate: bool = ISOLATE,
-            timeout: float = TIMEOUT, tolerance: str = TOLERANCE, check_seeds: int = SEEDS, warm_l2: bool = WARM,
-            resume: bool = RESUME, report: bool = REPORT, cache_dir: Path = CACHE,
-            mode: str = typer.Option("bwd", "--mode", help="bwd (backward alone, given the library's own forward "
-                                     "outputs) or train (forward + backward as one step).")) -> None:
+def bwd_cmd(
+    gpu: str = GPU,
+    backends: str = BACKENDS,
+    sweep: str = SWEEP,
+    heads: str = HEADS,
+    seqlens: str = SEQLENS,
+    out: Path = OUT,
+    timers: str = TIMERS_OPT,
+    reps: int = REPS,
+    rounds: int = ROUNDS,
+    isolate: bool = ISOLATE,
+    timeout: float = TIMEOUT,
+    tolerance: str = TOLERANCE,
+    check_seeds: int = SEEDS,
+    warm_l2: bool = WARM,
+    resume: bool = RESUME,
+    report: bool = REPORT,
+    cache_dir: Path = CACHE,
+    mode: str = typer.Option(
+        "bwd",
+        "--mode",
+        help="bwd (backward alone, given the library's own forward outputs) or train (forward + backward as one step).",
+    ),
+) -> None:
     """Backward sweep (or --mode train): six gradients against float64 autograd, then timing."""
     if mode not in ("bwd", "train"):
         raise UsageError("--mode", f"unknown mode {mode!r}", "bwd, train")
-    execute(mode, gpu=gpu, backends=backends, sweep=sweep, heads=heads, seqlens=seqlens, out=out, timers=timers,
-            reps=reps, rounds=rounds, isolate=isolate, timeout=timeout, tolerance=tolerance, check_seeds=check_seeds,
-            warm_l2=warm_l2, resume=resume, report=report, cache_dir=cache_dir)
+    execute(
+        mode,
+        gpu=gpu,
+        backends=backends,
+        sweep=sweep,
+        heads=heads,
+        seqlens=seqlens,
+        out=out,
+        timers=timers,
+        reps=reps,
+        rounds=rounds,
+        isolate=isolate,
+        timeout=timeout,
+        tolerance=tolerance,
+        check_seeds=check_seeds,
+        warm_l2=warm_l2,
+        resume=resume,
+        report=report,
+        cache_dir=cache_dir,
+    )
 
 
 @app.command("check")
-def check_cmd(gpu: str = GPU, backends: str = BACKENDS, sweep: str = SWEEP, heads: str = HEADS, seqlens: str = SEQLENS,
-              out: Path = OUT, isolate: bool = ISOLATE, timeout: float = TIMEOUT, tolerance: str = TOLERANCE,
-              check_seeds: int = typer.Option(2, "--check-seeds", help="Seeds per config."),
-              cache_dir: Path = CACHE,
-              mode: str = typer.Option("fwd", "--mode", help="fwd, bwd or train.")) -> None:
+def check_cmd(
+    gpu: str = GPU,
+    backends: str = BACKENDS,
+    sweep: str = SWEEP,
+    heads: str = HEADS,
+    seqlens: str = SEQLENS,
+    out: Path = OUT,
+    isolate: bool = ISOLATE,
+    timeout: float = TIMEOUT,
+    tolerance: str = TOLERANCE,
+    check_seeds: int = typer.Option(2, "--check-seeds", help="Seeds per config."),
+    cache_dir: Path = CACHE,
+    mode: str = typer.Option("fwd", "--mode", help="fwd, bwd or train."),
+) -> None:
     """Numerics only (no timing): every backend against the float64 reference. Exit 2 on any failure."""
     if mode not in ("fwd", "bwd", "train"):
         raise UsageError("--mode", f"unknown mode {mode!r}", "fwd, bwd, train")
-    rows, _ = execute(mode, gpu=gpu, backends=backends, sweep=sweep, heads=heads, seqlens=seqlens, out=out,
-                      timers=None, reps=None, rounds=1, isolate=isolate, timeout=timeout, tolerance=tolerance,
-                      check_seeds=check_seeds, warm_l2=False, resume=False, report=False, cache_dir=cache_dir,
-                      numerics_only=True, rows_file=f"numerics/check-{mode}.jsonl")
-    bad = [r for r in rows if r.status in (Status.INCORRECT.value, Status.ERROR.value, Status.OOM.value,
-                                            Status.TIMEOUT.value)]
+    rows, _ = execute(
+        mode,
+        gpu=gpu,
+        backends=backends,
+        sweep=sweep,
+        heads=heads,
+        seqlens=seqlens,
+        out=out,
+        timers=None,
+        reps=None,
+        rounds=1,
+        isolate=isolate,
+        timeout=timeout,
+        tolerance=tolerance,
+        check_seeds=check_seeds,
+        warm_l2=False,
+        resume=False,
+        report=False,
+        cache_dir=cache_dir,
+        numerics_only=True,
+        rows_file=f"numerics/check-{mode}.jsonl",
+    )
+    bad = [
+        r
+        for r in rows
+        if r.status in (Status.INCORRECT.value, Status.ERROR.value, Status.OOM.value, Status.TIMEOUT.value)
+    ]
     if bad:
         raise typer.Exit(EXIT_NUMERICS)
 
 
 @app.command("prepare")
-def prepare_cmd(gpu: str = GPU, backends: str = BACKENDS, sweep: str = SWEEP, heads: str = HEADS,
-                seqlens: str = SEQLENS, out: Path = OUT, isolate: bool = ISOLATE,
-                timeout: float = typer.Option(1800.0, "--timeout", help="Seconds per backend and config (JIT builds)."),
-                cache_dir: Path = CACHE,
-                mode: str = typer.Option("fwd", "--mode", help="fwd, bwd or train.")) -> None:
+def prepare_cmd(
+    gpu: str = GPU,
+    backends: str = BACKENDS,
+    sweep: str = SWEEP,
+    heads: str = HEADS,
+    seqlens: str = SEQLENS,
+    out: Path = OUT,
+    isolate: bool = ISOLATE,
+    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds per backend and config (JIT builds)."),
+    cache_dir: Path = CACHE,
+    mode: str = typer.Option("fwd", "--mode", help="fwd, bwd or train."),
+) -> None:
     """Compile/autotune everything a sweep needs (first-call times recorded), so later runs compile nothing."""
-    execute(mode, gpu=gpu, backends=backends, sweep=sweep, heads=heads, seqlens=seqlens, out=out, timers=None,
-            reps=None, rounds=1, isolate=isolate, timeout=timeout, tolerance="bf16", check_seeds=1, warm_l2=False,
-            resume=False, report=False, cache_dir=cache_dir, numerics_only=True, rows_file=f"numerics/prepare-{mode}.jsonl")
+    execute(
+        mode,
+        gpu=gpu,
+        backends=backends,
+        sweep=sweep,
+        heads=heads,
+        seqlens=seqlens,
+        out=out,
+        timers=None,
+        reps=None,
+        rounds=1,
+        isolate=isolate,
+        timeout=timeout,
+        tolerance="bf16",
+        check_seeds=1,
+        warm_l2=False,
+        resume=False,
+        report=False,
+        cache_dir=cache_dir,
+        numerics_only=True,
+        rows_file=f"numerics/prepare-{mode}.jsonl",
+    )

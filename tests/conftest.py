@@ -1,0 +1,38 @@
+"""Shared fixtures. GPU tests are marked `gpu` and skipped (reported as skipped) without CUDA."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+for _p in (str(ROOT), str(TESTS)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200 host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    """Register tests/fakes/fake_backends.py as a plug-in, in this process and in spawned workers."""
+    import qla_bench.backends as reg
+
+    monkeypatch.setenv("QLA_BENCH_BACKENDS", "fakes.fake_backends")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(reg, "_loaded", False)
+    reg._load_builtins()
+    yield
+    monkeypatch.setattr(reg, "_loaded", False)

@@ -1,0 +1,109 @@
+"""Backends that misbehave on purpose, for the harness's own tests (loaded via QLA_BENCH_BACKENDS)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from qla_bench.backends import register
+from qla_bench.backends.base import Backend, GDNInputs, Prepared
+from qla_bench.backends.torch_chunked import chunk_gdn_fp32
+
+
+class _Fake(Backend):
+    modes = ("fwd",)
+
+    def available(self) -> str | None:
+        return None
+
+
+@register
+class WrongBackend(_Fake):
+    """Right shapes, wrong numbers: must be INCORRECT and never timed."""
+
+    name = "fake-wrong"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        x = inputs
+
+        def run():
+            o, ht = chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
+            return o * 1.1, ht
+
+        return Prepared(run=run, outputs=lambda r: {"o": r[0], "final_state": r[1]}, graph_safe=False)
+
+
+@register
+class NanBackend(_Fake):
+    name = "fake-nan"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        x = inputs
+
+        def run():
+            o, ht = chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
+            o = o.clone()
+            o.view(-1)[0] = float("nan")
+            return o, ht
+
+        return Prepared(run=run, outputs=lambda r: {"o": r[0], "final_state": r[1]}, graph_safe=False)
+
+
+@register
+class RaisingBackend(_Fake):
+    name = "fake-raise"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        def run():
+            raise RuntimeError("illegal memory access (simulated)")
+
+        return Prepared(run=run, outputs=lambda r: {}, graph_safe=False)
+
+
+@register
+class OomBackend(_Fake):
+    name = "fake-oom"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        def run():
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+        return Prepared(run=run, outputs=lambda r: {}, graph_safe=False)
+
+
+@register
+class CrashingBackend(_Fake):
+    """Kills its own process with SIGSEGV: only survivable with --isolate."""
+
+    name = "fake-segv"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        def run():
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+        return Prepared(run=run, outputs=lambda r: {}, graph_safe=False)
+
+
+@register
+class HangingBackend(_Fake):
+    name = "fake-hang"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        def run():
+            time.sleep(3600)
+
+        return Prepared(run=run, outputs=lambda r: {}, graph_safe=False)
+
+
+@register
+class UnavailableBackend(_Fake):
+    name = "fake-missing"
+
+    def available(self) -> str | None:
+        return "library not installed (simulated)"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:  # pragma: no cover - never reached
+        raise AssertionError("prepare() called on an unavailable backend")

@@ -1,0 +1,109 @@
+"""The runner: numerics gate timing, failures become rows, resume skips, isolation survives crashes."""
+
+from __future__ import annotations
+
+import time
+
+from qla_bench.rows import iter_rows
+from qla_bench.runner import RunOptions, points_from_rows, remeasure, run_sweep
+from qla_bench.sweeps import Sweep, parse_sweep
+
+TINY = {"mode": "fwd", "k": 32, "v": 16, "seqlens": ["1x70", "1+33"], "heads": [{"model": "t", "h_qk": 1, "h_v": 2}]}
+
+
+def _sweep(**over) -> Sweep:
+    return parse_sweep({**TINY, **over}, "tiny")
+
+
+def _opts(backends, **kw) -> RunOptions:
+    return RunOptions(
+        mode="fwd", backends=backends, timers=("cpu-wall",), reps=4, rounds=2, device="cpu", sweep="tiny", **kw
+    )
+
+
+def test_statuses_and_only_passing_rows_are_timed(tmp_path, fake_backends):
+    out = tmp_path / "rows.jsonl"
+    rows = run_sweep(
+        _sweep(), _opts(["torch", "fake-wrong", "fake-nan", "fake-raise", "fake-oom", "fake-missing"]), out
+    )
+    by = {(r.backend, r.label): r for r in rows}
+    assert len(rows) == 12 and [r.to_dict() for r in iter_rows(out)] == [r.to_dict() for r in rows]
+    for label in ("1x70", "1+33"):
+        ok = by[("torch", label)]
+        assert ok.status == "PASSED" and len(ok.samples_ms) == 4 and ok.median_ms > 0 and ok.first_call_ms > 0
+        assert ok.rel_l2["o"] < 0.02 and ok.versions.get("torch") and ok.timer == "cpu-wall"
+        assert by[("fake-wrong", label)].status == "INCORRECT"
+        assert by[("fake-nan", label)].status == "INCORRECT" and by[("fake-nan", label)].nonfinite["o"] == 1
+        assert by[("fake-raise", label)].status == "ERROR" and "illegal memory" in by[("fake-raise", label)].reason
+        assert by[("fake-oom", label)].status == "OOM"
+        assert by[("fake-missing", label)].status == "UNSUPPORTED"
+        for b in ("fake-wrong", "fake-nan", "fake-raise", "fake-oom", "fake-missing"):
+            assert by[(b, label)].median_ms is None and by[(b, label)].samples_ms == []
+
+
+def test_impossible_points_become_unsupported_rows(tmp_path):
+    s = parse_sweep({**TINY, "heads": [{"model": "m", "h_qk": 3, "h_v": 6, "tp": [2]}]}, "tiny")
+    rows = run_sweep(s, _opts(["torch"]), None)
+    assert {r.status for r in rows} == {"UNSUPPORTED"} and "TP2" in rows[0].reason
+
+
+def test_resume_skips_written_rows(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    first = run_sweep(_sweep(seqlens=["1x70"]), _opts(["torch"]), out)
+    assert len(first) == 1
+    second = run_sweep(_sweep(), _opts(["torch"]), out)  # one old point, one new
+    assert [r.label for r in second] == ["1+33"]
+    assert len(list(iter_rows(out))) == 2
+    with out.open("a") as fh:  # a torn line from a crash must not stop a resume
+        fh.write('{"backend": "torch", "mo')
+    assert run_sweep(_sweep(), _opts(["torch"]), out) == []
+
+
+def test_interleaved_rounds(tmp_path, fake_backends, monkeypatch):
+    from qla_bench import session as session_mod
+
+    calls = []
+    real = session_mod.BackendSession.sample
+
+    def spy(self, timer, reps):
+        calls.append(self.backend.name)
+        return real(self, timer, reps)
+
+    monkeypatch.setattr(session_mod.BackendSession, "sample", spy)
+    opts = _opts(["torch", "fake-wrong"])
+    opts.rounds = 4
+    run_sweep(_sweep(seqlens=["1x70"]), opts, None)
+    assert calls == ["torch"] * 4  # the INCORRECT backend is never timed
+    calls.clear()
+    from qla_bench.backends import register
+    from qla_bench.backends.torch_chunked import TorchChunkedBackend
+
+    @register
+    class Twin(TorchChunkedBackend):
+        name = "torch-twin"
+
+    opts = _opts(["torch", "torch-twin"])
+    opts.rounds = 4
+    run_sweep(_sweep(seqlens=["1x70"]), opts, None)
+    assert calls == ["torch", "torch-twin", "torch-twin", "torch", "torch", "torch-twin", "torch-twin", "torch"]
+
+
+def test_remeasure_rebuilds_points(tmp_path):
+    rows = run_sweep(_sweep(), _opts(["torch"]), None)
+    pts = points_from_rows(rows)
+    assert [p.seqlens for p in pts] == [(70,), (1, 33)]
+    again = remeasure(rows[:1], reps=3)
+    assert len(again) == 1 and again[0].config_key() == rows[0].config_key() and len(again[0].samples_ms) == 3
+
+
+def test_isolation_survives_segfault_hang_and_exception(tmp_path, fake_backends):
+    opts = _opts(["fake-segv", "fake-hang", "torch", "fake-raise"], isolate=True, timeout_s=8)
+    t0 = time.time()
+    rows = run_sweep(_sweep(), opts, tmp_path / "rows.jsonl")
+    by = {(r.backend, r.label): r for r in rows}
+    for label in ("1x70", "1+33"):  # the second config needs fresh workers for the dead ones
+        assert by[("fake-segv", label)].status == "ERROR" and "SIGSEGV" in by[("fake-segv", label)].reason
+        assert by[("fake-hang", label)].status == "TIMEOUT"
+        assert by[("torch", label)].status == "PASSED" and by[("torch", label)].median_ms > 0
+        assert by[("fake-raise", label)].status == "ERROR"
+    assert time.time() - t0 < 110
