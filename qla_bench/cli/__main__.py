@@ -1,0 +1,5 @@
+"""`python -m qla_bench.cli ...` (used to run sweeps in fresh processes)."""
+
+from . import main
+
+main()
