@@ -62,7 +62,7 @@ def test_workload_seed_is_stable_and_config_dependent():
 
 def test_every_shipped_sweep_loads():
     names = set(available_sweeps())
-    assert {"qwen35-fwd", "qwen35-bwd", "qwen35-tp", "smoke", "ci", "cpu-smoke"} <= names
+    assert {"qwen35-fwd", "qwen35-bwd", "qwen35-tp", "smoke", "ci", "cpu-smoke", "edge"} <= names
     for n in names:
         s = load_sweep(n)
         assert s.points, n
