@@ -24,15 +24,14 @@ LIBRARIES = (
     "flash-qla",
     "qla-bench",
 )
+# settings that change which kernels run or where (cache folders are not recorded: they change nothing)
 ENV_FLAGS = (
     "FLA_FLASH_QLA",
     "FLA_DISABLE_BACKEND_DISPATCH",
-    "FLA_USE_TILELANG",
-    "TRITON_CACHE_DIR",
-    "TILELANG_CACHE_DIR",
-    "FLASHINFER_WORKSPACE_BASE",
+    "FLA_TILELANG",
+    "FLA_INTRACARD_CP",
     "CUDA_VISIBLE_DEVICES",
-    "QLA_CACHE_DIR",
+    "FLASHINFER_CUDA_ARCH_LIST",
 )
 CPU_GPU_NAME = "CPU"
 
