@@ -194,7 +194,9 @@ def override_sweep(
         head_list = [parse_heads(h) for h in heads.split(",") if h.strip()]
         if not head_list:
             raise UsageError("--heads", "empty list", "H_QK/H_V[,H_QK/H_V...]")
-        head_items = [(h.label, h.h_qk, h.h_v) for h in head_list]
+        # keep the sweep's model label (e.g. '397B/122B TP8') for heads it already names
+        names = {(p.h_qk, p.h_v): p.model for p in reversed(sweep.points)}
+        head_items = [(names.get((h.h_qk, h.h_v), h.label), h.h_qk, h.h_v) for h in head_list]
     else:
         seen: dict[str, tuple[str, int, int]] = {}
         for p in sweep.points:
