@@ -1,0 +1,141 @@
+"""Python entry points: validate, plan, launch. The TileLang programs live in gdn/fwd/ (one per file).
+
+Fixed-length batches (B > 1) are viewed as B*T packed tokens with cu_seqlens = [0, T, 2T, ...], so the
+kernels only know the varlen layout. Kernels are JIT-compiled by TileLang once per (head config,
+dtype, scale, flags) and cached on disk.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .checks import HEAD_DIM, check_fwd_args
+from .plan import CHUNK, ChunkPlan, choose_block_v, plan_fixed, plan_varlen
+
+_TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class FwdOutput(NamedTuple):
+    """o [B,T,H_v,V] (v's dtype); final_state [N,H_v,K,V] fp32 or None; g_cumsum [B,T,H_v] fp32
+    (chunk-local); a0 [B,T,H_v,64] (q's dtype), the gate-free WY inverse. The last two are what a
+    backward needs."""
+
+    o: torch.Tensor
+    final_state: torch.Tensor | None
+    g_cumsum: torch.Tensor
+    a0: torch.Tensor
+
+
+def _plan(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> ChunkPlan:
+    b, t = q.shape[:2]
+    if cu_seqlens is not None:
+        return plan_varlen(cu_seqlens, t)
+    return plan_fixed(b, t, q.device)
+
+
+def chunk_gated_delta_rule_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    output_final_state: bool = True,
+    state_v_first: bool = False,
+) -> FwdOutput:
+    """GDN chunked-prefill forward (FLA layout). Returns FwdOutput(o, final_state, g_cumsum, a0).
+
+    state_v_first=True reads and writes states as [N,H_v,V,K] instead of [N,H_v,K,V].
+    """
+    shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
+    if q.device.type != "cuda":
+        raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
+    from .fwd.fused_fwd import fused_fwd_kernel
+    from .fwd.kkt_solve import kkt_solve_kernel
+
+    scale = HEAD_DIM**-0.5 if scale is None else float(scale)
+    plan = _plan(q, cu_seqlens)
+    b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v
+    nt = b * t
+    dt = _TL_DTYPE[q.dtype]
+    qf = q.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
+    kf = k.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
+    vf = v.reshape(1, nt, h_v, HEAD_DIM).contiguous()
+    gf = g.reshape(1, nt, h_v).contiguous()
+    bf = beta.reshape(1, nt, h_v).contiguous()
+
+    g_cumsum = torch.empty_like(gf)
+    a0 = torch.empty(1, nt, h_v, CHUNK, dtype=q.dtype, device=q.device)
+    kkt_solve_kernel(HEAD_DIM, dt)(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0)
+
+    use_h0 = initial_state is not None
+    h0 = initial_state.contiguous() if use_h0 else _dummy_state(h_v, q.device)
+    o = torch.empty_like(vf)
+    ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
+    block_v = choose_block_v(plan.num_seqs, h_v, _num_sms(q.device))
+    fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v)(
+        qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht
+    )
+    return FwdOutput(
+        o=o.view(b, t, h_v, HEAD_DIM),
+        final_state=ht if output_final_state else None,
+        g_cumsum=g_cumsum.view(b, t, h_v),
+        a0=a0.view(b, t, h_v, CHUNK),
+    )
+
+
+_sms: dict[int | None, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.index not in _sms:
+        _sms[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sms[device.index]
+
+
+_dummies: dict[tuple, torch.Tensor] = {}
+
+
+def _dummy_state(h_v: int, device: torch.device) -> torch.Tensor:
+    """Placeholder for the unused h0 argument (the kernel never reads it when use_initial_state=False)."""
+    key = (h_v, device)
+    if key not in _dummies:
+        _dummies[key] = torch.empty(1, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=device)
+    return _dummies[key]
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    head_first: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """FLA-compatible high-level forward -> (o, final_state). Forward only (no autograd yet).
+
+    use_qk_l2norm_in_kernel normalises q and k with a separate torch op before the kernels.
+    """
+    if head_first:
+        raise ValueError("head_first=True is not supported: pass q, k, v as [B,T,H,D] (head_first=False)")
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    out = chunk_gated_delta_rule_fwd(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        output_final_state=output_final_state,
+    )
+    return out.o, out.final_state

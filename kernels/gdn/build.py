@@ -1,0 +1,100 @@
+"""Offline build check: lower a TileLang program for sm_90a and compile it with nvcc, no GPU needed.
+
+Used by the CPU compile test and to read registers, spills and shared memory before spending GPU time.
+TileLang's own JIT compiles and then loads the library (which needs a driver); this stops after ptxas.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What ptxas says about one kernel, plus TileLang's dynamic shared memory request."""
+
+    name: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    dyn_smem_bytes: int
+    source: str
+
+    def line(self) -> str:
+        return (f"{self.name}: {self.registers} regs, spills {self.spill_stores}/{self.spill_loads} B "
+                f"(st/ld), dyn smem {self.dyn_smem_bytes / 1024:.1f} KiB")
+
+
+def nvcc_available() -> str | None:
+    return shutil.which("nvcc")
+
+
+def lower_sm90a(prim_func, pass_configs: dict | None = None):
+    """TileLang lowering for sm_90a under an explicit target context (no device query)."""
+    import tilelang
+    from tilelang import tvm
+
+    target = tvm.target.Target(SM90A)
+    with tvm.transform.PassContext(config=pass_configs or {}), target:
+        return tilelang.lower(prim_func, target=target)
+
+
+def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = True) -> BuildReport:
+    """Lower and compile to a cubin with ptxas -v; raise RuntimeError with nvcc's output on failure."""
+    import tilelang.env as tl_env
+
+    art = lower_sm90a(prim_func, pass_configs)
+    src = art.kernel_source
+    smem = 0
+    name = "kernel"
+    for gv, f in art.device_mod.functions.items():
+        smem = max(smem, int(f.attrs.get("dyn_shared_memory_buf", 0) or 0))
+        name = gv.name_hint
+    nvcc = nvcc_available()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found on PATH")
+    with tempfile.TemporaryDirectory() as d:
+        cu = os.path.join(d, "k.cu")
+        with open(cu, "w") as fh:
+            fh.write(src)
+        cmd = [nvcc, "-std=c++20", "-w", "-Xcudafe", "--diag_suppress=177", "--cubin", "-O3",
+               "-gencode", "arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+               f"-I{tl_env.TILELANG_TEMPLATE_PATH}", f"-I{tl_env.CUTLASS_INCLUDE_DIR}",
+               cu, "-o", os.path.join(d, "k.cubin")]
+        if fast_math:
+            cmd.append("--use_fast_math")
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    return BuildReport(
+        name=name,
+        registers=int(regs.group(1)) if regs else -1,
+        spill_stores=int(spill.group(1)) if spill else -1,
+        spill_loads=int(spill.group(2)) if spill else -1,
+        dyn_smem_bytes=smem,
+        source=src,
+    )
+
+
+def main() -> None:
+    """Print a build report for the forward kernels on the common head configs."""
+    from .fwd.fused_fwd import PASS_CONFIGS as FUSED_PC
+    from .fwd.fused_fwd import fused_fwd_program
+    from .fwd.kkt_solve import PASS_CONFIGS as KKT_PC
+    from .fwd.kkt_solve import kkt_solve_program
+
+    print(build_sm90a(kkt_solve_program(128, "bfloat16"), KKT_PC).line())
+    print(build_sm90a(fused_fwd_program(128, 128, 128**-0.5, "bfloat16", True), FUSED_PC).line())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Chunk plans: which (sequence, chunk) each 64-token chunk is, built once per cu_seqlens.
+
+Everything here is pure torch/python so it is tested on CPU. The varlen plan needs cu_seqlens on the
+host once (one sync when a new cu_seqlens tensor is first seen); it is cached by tensor identity (a weak
+reference, so a freed tensor whose address is reused never hits a stale entry). Fixed-length batches
+need no sync at all: their plan is arithmetic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_cu_seqlens_values
+
+CHUNK = 64
+_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Device tensors the kernels index by, plus host-side sizes for grids.
+
+    cu_seqlens: int32 [N+1] token offsets; chunk_indices: int32 [NC, 2] rows of (sequence, chunk within
+    sequence); chunk_offsets: int32 [N+1] first global chunk of each sequence.
+    """
+
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    num_seqs: int
+    num_chunks: int
+    max_chunks: int
+
+
+def chunk_counts(lengths: list[int], chunk: int = CHUNK) -> list[int]:
+    """Chunks per sequence: ceil(len / chunk); a ragged tail is one partial chunk."""
+    return [(n + chunk - 1) // chunk for n in lengths]
+
+
+def build_plan_from_list(cu: list[int], device: torch.device | str, chunk: int = CHUNK) -> ChunkPlan:
+    """Plan from host offsets (validated)."""
+    check_cu_seqlens_values(cu, cu[-1] if cu else 0)
+    counts = chunk_counts([b - a for a, b in itertools.pairwise(cu)], chunk)
+    seq_ids = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    offs = [0]
+    for c in counts:
+        offs.append(offs[-1] + c)
+    local = torch.arange(offs[-1]) - torch.tensor(offs[:-1]).repeat_interleave(torch.tensor(counts))
+    idx = torch.stack([seq_ids, local], dim=1).to(torch.int32)
+    return ChunkPlan(
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32).to(device),
+        chunk_indices=idx.to(device),
+        chunk_offsets=torch.tensor(offs, dtype=torch.int32).to(device),
+        num_seqs=len(counts),
+        num_chunks=offs[-1],
+        max_chunks=max(counts),
+    )
+
+
+_varlen_cache: OrderedDict[int, tuple[weakref.ref, int, ChunkPlan]] = OrderedDict()
+_fixed_cache: OrderedDict[tuple, ChunkPlan] = OrderedDict()
+
+
+def _remember(cache: OrderedDict, key, value) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
+
+
+def plan_varlen(cu_seqlens: torch.Tensor, total_tokens: int) -> ChunkPlan:
+    """Plan for B = 1 + cu_seqlens, cached per tensor object and its in-place version counter."""
+    key = id(cu_seqlens)
+    hit = _varlen_cache.get(key)
+    if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version:
+        _varlen_cache.move_to_end(key)
+        return hit[2]
+    cu = [int(x) for x in cu_seqlens.tolist()]  # the one host sync per new cu_seqlens
+    check_cu_seqlens_values(cu, total_tokens)
+    plan = build_plan_from_list(cu, cu_seqlens.device)
+    _remember(_varlen_cache, key, (weakref.ref(cu_seqlens), cu_seqlens._version, plan))
+    return plan
+
+
+def plan_fixed(batch: int, seqlen: int, device: torch.device | str) -> ChunkPlan:
+    """Plan for a fixed-length batch viewed as B*T packed tokens: no host sync (sizes are known)."""
+    dev = torch.device(device)
+    key = (batch, seqlen, dev.type, dev.index)
+    hit = _fixed_cache.get(key)
+    if hit is not None:
+        _fixed_cache.move_to_end(key)
+        return hit
+    plan = build_plan_from_list([i * seqlen for i in range(batch + 1)], dev)
+    _remember(_fixed_cache, key, plan)
+    return plan
+
+
+def choose_block_v(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
+    """V-slice width of the fused kernel. Measured on the H200 (NOTES.md, v2): with fewer CTAs than
+    about 0.75 x #SM at BV = 64, splitting V once more (BV = 32) shortens the serial chunk walk more
+    than it costs in repeated Q K^T / Gamma work; otherwise BV = 64 wins."""
+    return 32 if num_seqs * h_v * 2 < 0.75 * num_sms else 64

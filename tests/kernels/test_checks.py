@@ -1,0 +1,89 @@
+"""Argument validation: each bad input is a ValueError that names the argument, before any launch."""
+
+import pytest
+import torch
+
+from qla_kernels.gdn.checks import check_cu_seqlens_values, check_fwd_args
+
+
+def _args(b=1, t=10, h_qk=2, h_v=4, d=128, dtype=torch.bfloat16):
+    q = torch.randn(b, t, h_qk, d).to(dtype)
+    k = torch.randn(b, t, h_qk, d).to(dtype)
+    v = torch.randn(b, t, h_v, d).to(dtype)
+    g = -torch.rand(b, t, h_v)
+    beta = torch.rand(b, t, h_v)
+    return q, k, v, g, beta
+
+
+def test_valid_shapes_pass():
+    s = check_fwd_args(*_args(b=3, t=7, h_qk=2, h_v=6))
+    assert (s.batch, s.seqlen, s.h_qk, s.h_v, s.num_seqs, s.gva_ratio, s.varlen) == (3, 7, 2, 6, 3, 3, False)
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+    s = check_fwd_args(*_args(), cu_seqlens=cu, initial_state=torch.randn(2, 4, 128, 128))
+    assert s.num_seqs == 2 and s.varlen
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda a: (a[0].float(), a[1].float(), a[2].float(), a[3], a[4]), "q dtype"),
+        (lambda a: (a[0], a[1], a[2].half(), a[3], a[4]), "share a dtype"),
+        (lambda a: (a[0], a[1], a[2], a[3].double(), a[4]), "g dtype"),
+        (lambda a: (a[0], a[1], a[2], a[3], a[4].bfloat16()), "beta dtype"),
+        (lambda a: (a[0][..., :64], a[1][..., :64], a[2], a[3], a[4]), "head dim must be 128"),
+        (lambda a: (a[0], a[1], a[2][..., :64], a[3], a[4]), "v head dim"),
+        (lambda a: (a[0], a[1][:, :5], a[2], a[3], a[4]), "k must have q's shape"),
+        (lambda a: (a[0], a[1], a[2], a[3][:, :, :3], a[4]), r"g must be \[B,T,H_v\]"),
+        (lambda a: (a[0][0], a[1][0], a[2], a[3], a[4]), r"q must be \[B,T,H_qk,128\]"),
+    ],
+)
+def test_bad_tensors(mutate, needle):
+    with pytest.raises(ValueError, match=needle):
+        check_fwd_args(*mutate(_args()))
+
+
+def test_head_ratio_must_divide():
+    with pytest.raises(ValueError, match="multiple of H_qk"):
+        check_fwd_args(*_args(h_qk=3, h_v=4))
+
+
+def test_cu_seqlens_rules():
+    a = _args()
+    with pytest.raises(ValueError, match="int32 or int64"):
+        check_fwd_args(*a, cu_seqlens=torch.tensor([0.0, 10.0]))
+    with pytest.raises(ValueError, match="B = 1"):
+        check_fwd_args(*_args(b=2), cu_seqlens=torch.tensor([0, 10]))
+    with pytest.raises(ValueError, match="1-D"):
+        check_fwd_args(*a, cu_seqlens=torch.tensor([0]))
+
+
+def test_initial_state_shape_and_dtype():
+    a = _args()
+    with pytest.raises(ValueError, match="initial_state must be"):
+        check_fwd_args(*a, initial_state=torch.randn(2, 4, 128, 128))
+    with pytest.raises(ValueError, match="initial_state dtype"):
+        check_fwd_args(*a, initial_state=torch.randn(1, 4, 128, 128).bfloat16())
+
+
+@pytest.mark.parametrize(
+    ("cu", "needle"),
+    [([1, 5, 10], "start at 0"), ([0, 5, 5, 10], "strictly increasing"), ([0, 6, 4, 10], "strictly"),
+     ([0, 5, 9], "end at T=10")],
+)
+def test_cu_seqlens_values(cu, needle):
+    with pytest.raises(ValueError, match=needle):
+        check_cu_seqlens_values(cu, 10)
+    check_cu_seqlens_values([0, 4, 10], 10)
+
+
+def test_api_rejects_cpu_and_head_first():
+    from qla_kernels import chunk_gated_delta_rule, chunk_gated_delta_rule_fwd
+
+    with pytest.raises(ValueError, match="CUDA"):
+        chunk_gated_delta_rule_fwd(*_args())
+    with pytest.raises(ValueError, match="head_first"):
+        chunk_gated_delta_rule(*_args(), head_first=True)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        from qla_kernels.gdn.plan import plan_varlen
+
+        plan_varlen(torch.tensor([0, 4, 4, 10]), 10)

@@ -1,0 +1,56 @@
+"""Chunk plans: chunk counts, (sequence, chunk) indices, offsets, and the per-cu_seqlens cache."""
+
+import torch
+
+from qla_kernels.gdn.plan import build_plan_from_list, chunk_counts, plan_fixed, plan_varlen
+
+
+def test_chunk_counts_ragged():
+    assert chunk_counts([1, 63, 64, 65, 128, 1000, 3096]) == [1, 1, 1, 2, 2, 16, 49]
+
+
+def test_plan_indices_and_offsets():
+    p = build_plan_from_list([0, 65, 66, 200], "cpu")
+    assert p.num_seqs == 3 and p.num_chunks == 2 + 1 + 3 and p.max_chunks == 3
+    assert p.chunk_indices.tolist() == [[0, 0], [0, 1], [1, 0], [2, 0], [2, 1], [2, 2]]
+    assert p.chunk_offsets.tolist() == [0, 2, 3, 6]
+    assert p.cu_seqlens.dtype == torch.int32 and p.chunk_indices.dtype == torch.int32
+
+
+def test_plan_every_token_in_exactly_one_chunk():
+    cu = [0, 1, 1000, 4096, 4161]
+    p = build_plan_from_list(cu, "cpu")
+    covered = []
+    for s, c in p.chunk_indices.tolist():
+        lo = cu[s] + 64 * c
+        hi = min(lo + 64, cu[s + 1])
+        assert lo < hi
+        covered.extend(range(lo, hi))
+    assert covered == list(range(cu[-1]))
+
+
+def test_varlen_cache_by_identity_and_version():
+    cu = torch.tensor([0, 100, 300])
+    p1 = plan_varlen(cu, 300)
+    assert plan_varlen(cu, 300) is p1
+    same_values = torch.tensor([0, 100, 300])
+    assert plan_varlen(same_values, 300) is not p1
+    cu[1] = 50  # in-place edit bumps the version counter: re-plan
+    p3 = plan_varlen(cu, 300)
+    assert p3 is not p1 and p3.chunk_indices.tolist() == [[0, 0], [1, 0], [1, 1], [1, 2], [1, 3]]
+
+
+def test_fixed_plan_matches_varlen_equivalent():
+    p = plan_fixed(3, 130, "cpu")
+    q = build_plan_from_list([0, 130, 260, 390], "cpu")
+    assert torch.equal(p.chunk_indices, q.chunk_indices) and torch.equal(p.cu_seqlens, q.cu_seqlens)
+    assert plan_fixed(3, 130, "cpu") is p
+
+
+def test_choose_block_v():
+    from qla_kernels.gdn.plan import choose_block_v
+
+    assert choose_block_v(1, 8) == 32  # 2/8 x 1 sequence: 16 CTAs at BV=64
+    assert choose_block_v(1, 32) == 32
+    assert choose_block_v(1, 64) == 64  # 128 CTAs at BV=64 already fill the GPU
+    assert choose_block_v(4, 32) == 64
