@@ -52,6 +52,9 @@ def env_flags() -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def git_sha() -> str:
+    """The checkout's commit (+'-dirty'); $QLA_GIT_SHA wins, for copies without .git (the GPU host)."""
+    if os.environ.get("QLA_GIT_SHA"):
+        return os.environ["QLA_GIT_SHA"]
     root = Path(__file__).resolve().parents[1]
     try:
         out = subprocess.run(

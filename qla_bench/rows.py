@@ -16,6 +16,7 @@ from pathlib import Path
 from .errors import UsageError
 
 SCHEMA_VERSION = 1
+_SIDE_FOLDERS = {"baseline", "numerics", "noise"}
 
 
 class Status(str, Enum):
@@ -148,8 +149,9 @@ def results_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            # a stored baseline inside a results folder is not part of that folder's run
-            out.extend(sorted(q for q in p.rglob("*.jsonl") if "baseline" not in q.relative_to(p).parts[:-1]))
+            # a stored baseline, numerics-only checks and noise runs inside a results folder are not part of
+            # that folder's sweep rows; name those subfolders explicitly to load them
+            out.extend(sorted(q for q in p.rglob("*.jsonl") if not set(q.relative_to(p).parts[:-1]) & _SIDE_FOLDERS))
         elif p.is_file():
             out.append(p)
         else:

@@ -75,10 +75,11 @@ def _capture(body: Callable[[], None], stream: torch.cuda.Stream) -> torch.cuda.
 
 
 def time_cuda_graph(
-    fn: Callable[[], Any], reps: int, flusher: L2Flusher | None, calls_per_graph: int = 10, warmup: int = 3
+    fn: Callable[[], Any], reps: int, flusher: L2Flusher | None, calls_per_graph: int = 5, warmup: int = 3
 ) -> TimingResult:
-    """Per-call samples from graph replays: each replay runs (flush, call) x calls_per_graph; a graph of
-    flushes alone is replayed alternately and its time subtracted, leaving the calls with a cold L2."""
+    """`reps` samples from graph replays: each replay runs (flush, call) x calls_per_graph and gives one
+    per-call sample; a graph of flushes alone is replayed alternately and its time subtracted, leaving the
+    calls with a cold L2."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -108,7 +109,7 @@ def time_cuda_graph(
     if g_flush is not None:
         g_flush.replay()
     torch.cuda.synchronize()
-    batches = max(1, reps // calls_per_graph)
+    batches = max(1, reps)
     ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(batches)]
     for e in ev:
         e[0].record()

@@ -107,3 +107,13 @@ def test_isolation_survives_segfault_hang_and_exception(tmp_path, fake_backends)
         assert by[("torch", label)].status == "PASSED" and by[("torch", label)].median_ms > 0
         assert by[("fake-raise", label)].status == "ERROR"
     assert time.time() - t0 < 110
+
+
+def test_results_folder_skips_side_folders(tmp_path):
+    from qla_bench.rows import load_rows
+
+    run_sweep(_sweep(seqlens=["1x70"]), _opts(["torch"]), tmp_path / "sweep.jsonl")
+    for side in ("numerics", "baseline", "noise"):
+        run_sweep(_sweep(seqlens=["1+33"]), _opts(["torch"]), tmp_path / side / "x.jsonl")
+    assert [r.label for r in load_rows([tmp_path])] == ["1x70"]
+    assert [r.label for r in load_rows([tmp_path / "numerics"])] == ["1+33"]
