@@ -103,6 +103,38 @@ class Backend(ABC):
         return {}
 
 
+def grad_seeds(inputs: GDNInputs, backend: str, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """do and dht, contiguous, for a backward or training-step run."""
+    if inputs.do is None:
+        raise ValueError(f"{backend} {mode} needs inputs.do")
+    return inputs.do.contiguous(), (inputs.dht.contiguous() if inputs.dht is not None else None)
+
+
+def backward_prepared(
+    backend: str,
+    mode: str,
+    forward: Callable[[], Any],
+    backward: Callable[[Any], Any],
+    fwd_outputs: Callable[[Any], dict[str, torch.Tensor]],
+    bwd_outputs: Callable[[Any], dict[str, torch.Tensor]],
+    keepalive: list[Any],
+) -> Prepared:
+    """bwd: the library's own forward runs once here, untimed, and run() is its backward alone (never
+    another library's forward outputs); train: run() is forward + backward, one training step."""
+    if mode == "bwd":
+        saved = forward()
+        keepalive.append(saved)
+        return Prepared(run=lambda: backward(saved), outputs=bwd_outputs, keepalive=keepalive)
+    if mode == "train":
+
+        def train() -> tuple[Any, Any]:
+            f = forward()
+            return f, backward(f)
+
+        return Prepared(run=train, outputs=lambda r: {**fwd_outputs(r[0]), **bwd_outputs(r[1])}, keepalive=keepalive)
+    raise ValueError(f"{backend}: unknown mode {mode!r}")
+
+
 def env_flag_values(*names: str) -> dict[str, str]:
     return {n: os.environ[n] for n in names if n in os.environ}
 

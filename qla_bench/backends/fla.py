@@ -24,7 +24,7 @@ import torch
 
 from ..workload import Workload
 from . import register
-from .base import Backend, GDNInputs, Prepared, env_flag_values, requires_cuda
+from .base import Backend, GDNInputs, Prepared, backward_prepared, env_flag_values, grad_seeds, requires_cuda
 from .libinfo import import_or_reason, library_reason, version_tuple
 
 ENTRY_MODULE = "fla.ops.gated_delta_rule.chunk"
@@ -171,10 +171,7 @@ class FlaBackend(Backend):
         if mode == "fwd":
             return Prepared(run=fwd, outputs=_fwd_outputs, keepalive=keep)
 
-        if inputs.do is None:
-            raise ValueError(f"{self.name} {mode} needs inputs.do")
-        do = inputs.do.contiguous()
-        dht = inputs.dht.contiguous() if inputs.dht is not None else None
+        do, dht = grad_seeds(inputs, self.name, mode)
         keep += [do, dht]
 
         def bwd(f: tuple) -> tuple:
@@ -185,18 +182,8 @@ class FlaBackend(Backend):
                 chunk_size=CHUNK_SIZE,
             )  # fmt: skip
 
-        if mode == "bwd":
-            saved = fwd()  # FLA's own forward outputs (g_cumsum in log2 units, its gated A), untimed
-            keep.append(saved)
-            return Prepared(run=lambda: bwd(saved), outputs=_bwd_outputs, keepalive=keep)
-        if mode == "train":
-
-            def train() -> tuple[tuple, tuple]:
-                f = fwd()
-                return f, bwd(f)
-
-            return Prepared(run=train, outputs=_train_outputs, keepalive=keep)
-        raise ValueError(f"{self.name}: unknown mode {mode!r}")
+        # bwd: FLA's own forward outputs (g_cumsum in log2 units, its gated A), untimed
+        return backward_prepared(self.name, mode, fwd, bwd, _fwd_outputs, _bwd_outputs, keep)
 
 
 def _contiguous(inputs: GDNInputs) -> dict[str, torch.Tensor]:
@@ -213,9 +200,6 @@ def _bwd_outputs(res: tuple) -> dict[str, torch.Tensor]:
     dq, dk, dv, db, dg, dh0 = res[:6]
     return {"dq": dq, "dk": dk, "dv": dv, "dg": dg, "dbeta": db, "dh0": dh0}
 
-
-def _train_outputs(res: tuple[tuple, tuple]) -> dict[str, torch.Tensor]:
-    return {**_fwd_outputs(res[0]), **_bwd_outputs(res[1])}
 
 
 __all__ = ["FlaBackend", "FlaBwdFacts", "fla_bwd_blocker", "fla_bwd_dqkwg_kernel"]

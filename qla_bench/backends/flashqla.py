@@ -22,7 +22,7 @@ import torch
 
 from ..workload import Workload
 from . import register
-from .base import Backend, GDNInputs, Prepared, requires_cuda
+from .base import Backend, GDNInputs, Prepared, backward_prepared, grad_seeds, requires_cuda
 from .libinfo import import_or_reason, library_reason
 
 ENTRY_MODULE = "flash_qla"
@@ -89,10 +89,7 @@ class FlashQLABackend(Backend):
         if mode == "fwd":
             return Prepared(run=lambda: fwd(False), outputs=_fwd_outputs, keepalive=keep)
 
-        if inputs.do is None:
-            raise ValueError(f"{self.name} {mode} needs inputs.do")
-        do = inputs.do.contiguous()
-        dht = inputs.dht.contiguous() if inputs.dht is not None else None
+        do, dht = grad_seeds(inputs, self.name, mode)
         keep += [do, dht]
 
         def bwd(f: tuple) -> tuple:
@@ -103,18 +100,8 @@ class FlashQLABackend(Backend):
                 cp_cache=cp_cache,
             )  # fmt: skip
 
-        if mode == "bwd":
-            saved = fwd(True)  # FlashQLA's own training forward (g_cumsum, gate-free A0, CP cache), untimed
-            keep.append(saved)
-            return Prepared(run=lambda: bwd(saved), outputs=_bwd_outputs, keepalive=keep)
-        if mode == "train":
-
-            def train() -> tuple[tuple, tuple]:
-                f = fwd(True)
-                return f, bwd(f)
-
-            return Prepared(run=train, outputs=_train_outputs, keepalive=keep)
-        raise ValueError(f"{self.name}: unknown mode {mode!r}")
+        # bwd/train use FlashQLA's own training forward (g_cumsum, gate-free A0, CP cache)
+        return backward_prepared(self.name, mode, lambda: fwd(True), bwd, _fwd_outputs, _bwd_outputs, keep)
 
 
 def _fwd_outputs(res: tuple) -> dict[str, torch.Tensor]:
@@ -127,9 +114,6 @@ def _bwd_outputs(res: tuple) -> dict[str, torch.Tensor]:
     dq, dk, dv, db, dg, dh0 = res
     return {"dq": dq, "dk": dk, "dv": dv, "dg": dg, "dbeta": db, "dh0": dh0}
 
-
-def _train_outputs(res: tuple[tuple, tuple]) -> dict[str, torch.Tensor]:
-    return {**_fwd_outputs(res[0]), **_bwd_outputs(res[1])}
 
 
 __all__ = ["FlashQLABackend", "flashqla_arch_reason"]
