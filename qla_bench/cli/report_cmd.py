@@ -40,10 +40,13 @@ def report(
     ),
     no_anchors: bool = typer.Option(False, "--no-anchors", help="Skip the comparison with published ratios."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU name for file names (default: from the rows)."),
+    export: list[Path] = typer.Option(
+        [], "--export", help="Also write the rows flattened to a .csv or .parquet file (repeatable)."
+    ),
 ) -> None:
     """Write benchmark_results_<GPU>.txt, report.md and plots (PNG, SVG) from result rows."""
     from ..report.writer import gpu_file_tag, write_reports
-    from ..rows import load_rows
+    from ..rows import export_rows, load_rows
 
     try:
         rows = load_rows(results)
@@ -61,6 +64,7 @@ def report(
             baseline=baseline,
             find_anchors=not no_anchors,
         )
+        paths += [export_rows(rows, target) for target in export]
     except QlaBenchError as exc:
         raise fail(str(exc), exc.exit_code) from None
     backends = Counter(r.backend for r in rows)

@@ -98,3 +98,50 @@ def test_write_reports_uses_the_default_anchors(rows, tmp_path, monkeypatch, h20
     write_reports(rows, tmp_path / "none", gpu="H200", find_anchors=False)
     assert "No anchors file" in (tmp_path / "none" / "report.md").read_text()
     assert gpu_file_tag("NVIDIA H200") == "H200" and gpu_file_tag("RTX 4090/x") == "RTX_4090_x"
+
+
+def test_report_export_csv_and_parquet(tmp_path):
+    import pandas as pd
+
+    from qla_bench.cli import app, register_commands
+    from qla_bench.rows import Row, append_row
+
+    register_commands()
+    rows_file = tmp_path / "r.jsonl"
+    row = Row(
+        backend="torch",
+        mode="fwd",
+        h_qk=1,
+        h_v=2,
+        k=128,
+        v=128,
+        seqlens=[64, 1],
+        label="64+1",
+        status="PASSED",
+        timer="cpu-wall",
+        median_ms=1.5,
+        samples_ms=[1.4, 1.5, 1.6],
+        rel_l2={"o": 0.003},
+        gpu="CPU",
+    )
+    append_row(rows_file, row)
+    res = CliRunner().invoke(
+        app,
+        [
+            "report",
+            str(rows_file),
+            "--out",
+            str(tmp_path / "rep"),
+            "--export",
+            str(tmp_path / "rows.csv"),
+            "--export",
+            str(tmp_path / "rows.parquet"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    for df in (pd.read_csv(tmp_path / "rows.csv"), pd.read_parquet(tmp_path / "rows.parquet")):
+        assert df.loc[0, "rel_l2.o"] == 0.003 and df.loc[0, "seqlens"] == "64+1" and df.loc[0, "median_ms"] == 1.5
+    bad = CliRunner().invoke(
+        app, ["report", str(rows_file), "--out", str(tmp_path / "rep"), "--export", str(tmp_path / "rows.xlsx")]
+    )
+    assert bad.exit_code == 3
