@@ -7,14 +7,55 @@ dtype, scale, flags) and cached on disk.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 
-from .checks import HEAD_DIM, check_fwd_args
+from .checks import HEAD_DIM, check_fwd_args, check_kkt_args
 from .plan import CHUNK, ChunkPlan, choose_block_v, plan_fixed, plan_varlen
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+# kkt_solve implementations: name -> (kernel version, its program's extra positional arguments). "v2"
+# stays the default until "v3" has passed tests/gpu/test_qla_kkt_v3.py on the H200 (NOTES.md, v3).
+KKT_IMPLS: dict[str, tuple[str, tuple]] = {
+    "v2": ("v2", ()),
+    "v2-scan": ("v2", (True,)),  # v2 with v3's parallel cumsum: for attributing v3's gain only
+    "v3": ("v3", (True, 6)),  # 3xTF32 products, 6 CTAs/SM (80 registers)
+    "v3-mb0": ("v3", (True, 0)),  # v3 without the register cap (93 registers, 5 CTAs/SM)
+    "v3-tf32": ("v3", (False, 6)),  # one tf32 product per block product: timing reference only
+}
+KKT_IMPL_ENV = "QLA_KKT_IMPL"
+DEFAULT_KKT_IMPL = "v2"
+
+
+def resolve_kkt_impl(impl: str | None = None) -> str:
+    """The kkt_solve implementation to launch: the explicit argument, else $QLA_KKT_IMPL, else v2."""
+    name = impl if impl is not None else os.environ.get(KKT_IMPL_ENV, "").strip() or DEFAULT_KKT_IMPL
+    if name not in KKT_IMPLS:
+        src = "kkt_impl" if impl is not None else f"${KKT_IMPL_ENV}"
+        raise ValueError(f"{src} must be one of {sorted(KKT_IMPLS)}, got {name!r}")
+    return name
+
+
+def _kkt_kernel(impl: str, dt: str):
+    version, extra = KKT_IMPLS[impl]
+    if version == "v2":
+        from .fwd.kkt_solve import kkt_solve_kernel
+
+        return kkt_solve_kernel(HEAD_DIM, dt, *extra)
+    from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel
+
+    return kkt_solve_v3_kernel(HEAD_DIM, dt, *extra)
+
+
+def _launch_kkt(impl: str, kf: torch.Tensor, gf: torch.Tensor, bf: torch.Tensor, plan: ChunkPlan):
+    """Stage 1 on packed [1, B*T, ...] tensors: (g_cumsum fp32 chunk-local, A0 in k's dtype)."""
+    g_cumsum = torch.empty_like(gf)
+    a0 = torch.empty(*gf.shape, CHUNK, dtype=kf.dtype, device=kf.device)
+    _kkt_kernel(impl, _TL_DTYPE[kf.dtype])(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0)
+    return g_cumsum, a0
 
 
 class FwdOutput(NamedTuple):
@@ -46,16 +87,18 @@ def chunk_gated_delta_rule_fwd(
     cu_seqlens: torch.Tensor | None = None,
     output_final_state: bool = True,
     state_v_first: bool = False,
+    kkt_impl: str | None = None,
 ) -> FwdOutput:
     """GDN chunked-prefill forward (FLA layout). Returns FwdOutput(o, final_state, g_cumsum, a0).
 
     state_v_first=True reads and writes states as [N,H_v,V,K] instead of [N,H_v,K,V].
+    kkt_impl picks the stage-1 kernel (KKT_IMPLS; default $QLA_KKT_IMPL or "v2").
     """
     shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
+    impl = resolve_kkt_impl(kkt_impl)
     if q.device.type != "cuda":
         raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
     from .fwd.fused_fwd import fused_fwd_kernel
-    from .fwd.kkt_solve import kkt_solve_kernel
 
     scale = HEAD_DIM**-0.5 if scale is None else float(scale)
     plan = _plan(q, cu_seqlens)
@@ -68,9 +111,7 @@ def chunk_gated_delta_rule_fwd(
     gf = g.reshape(1, nt, h_v).contiguous()
     bf = beta.reshape(1, nt, h_v).contiguous()
 
-    g_cumsum = torch.empty_like(gf)
-    a0 = torch.empty(1, nt, h_v, CHUNK, dtype=q.dtype, device=q.device)
-    kkt_solve_kernel(HEAD_DIM, dt)(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0)
+    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan)
 
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else _dummy_state(h_v, q.device)
@@ -86,6 +127,29 @@ def chunk_gated_delta_rule_fwd(
         g_cumsum=g_cumsum.view(b, t, h_v),
         a0=a0.view(b, t, h_v, CHUNK),
     )
+
+
+def chunk_kkt_solve(
+    k: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor | None = None,
+    kkt_impl: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1 alone (for tests and benchmarks): k [B,T,H_qk,128], g/beta [B,T,H_v] fp32 ->
+    (g_cumsum [B,T,H_v] fp32 chunk-local, a0 [B,T,H_v,64] in k's dtype)."""
+    shape = check_kkt_args(k, g, beta, cu_seqlens)
+    impl = resolve_kkt_impl(kkt_impl)
+    if k.device.type != "cuda":
+        raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; k is on {k.device}")
+    plan = _plan(k, cu_seqlens)
+    b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v
+    nt = b * t
+    kf = k.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
+    gf = g.reshape(1, nt, h_v).contiguous()
+    bf = beta.reshape(1, nt, h_v).contiguous()
+    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan)
+    return g_cumsum.view(b, t, h_v), a0.view(b, t, h_v, CHUNK)
 
 
 _sms: dict[int | None, int] = {}

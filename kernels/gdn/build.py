@@ -91,8 +91,14 @@ def main() -> None:
     from .fwd.fused_fwd import fused_fwd_program
     from .fwd.kkt_solve import PASS_CONFIGS as KKT_PC
     from .fwd.kkt_solve import kkt_solve_program
+    from .fwd.kkt_solve_v3 import PASS_CONFIGS as KKT3_PC
+    from .fwd.kkt_solve_v3 import kkt_solve_v3_program
 
-    print(build_sm90a(kkt_solve_program(128, "bfloat16"), KKT_PC).line())
+    print(f"{'v2':<8}" + build_sm90a(kkt_solve_program(128, "bfloat16"), KKT_PC).line())
+    print(f"{'v2-scan':<8}" + build_sm90a(kkt_solve_program(128, "bfloat16", True), KKT_PC).line())
+    for label, precise, min_blocks in (("v3", True, 6), ("v3-mb0", True, 0), ("v3-tf32", False, 6)):
+        rep = build_sm90a(kkt_solve_v3_program(128, "bfloat16", precise, min_blocks), KKT3_PC)
+        print(f"{label:<8}" + rep.line())
     print(build_sm90a(fused_fwd_program(128, 128, 128**-0.5, "bfloat16", True), FUSED_PC).line())
 
 

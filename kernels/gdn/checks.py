@@ -72,18 +72,7 @@ def check_fwd_args(
     devs = {x.device for x in (q, k, v, g, beta)}
     _need(len(devs) == 1, f"q, k, v, g, beta must be on one device, got {sorted(map(str, devs))}")
 
-    if cu_seqlens is not None:
-        _need(isinstance(cu_seqlens, torch.Tensor), "cu_seqlens must be a torch.Tensor or None")
-        _need(b == 1, f"cu_seqlens needs B = 1 (varlen packs sequences along T), got B = {b}")
-        _need(cu_seqlens.dtype in (torch.int32, torch.int64),
-              f"cu_seqlens dtype must be int32 or int64, got {cu_seqlens.dtype}")
-        _need(cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2,
-              f"cu_seqlens must be 1-D with N+1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}")
-        _need(cu_seqlens.device == q.device,
-              f"cu_seqlens must be on q's device {q.device}, got {cu_seqlens.device}")
-        n = cu_seqlens.numel() - 1
-    else:
-        n = b
+    n = _check_cu_seqlens_tensor(cu_seqlens, b, q.device)
 
     if initial_state is not None:
         _need(isinstance(initial_state, torch.Tensor), "initial_state must be a torch.Tensor or None")
@@ -95,6 +84,42 @@ def check_fwd_args(
               f"initial_state dtype must be float32, got {initial_state.dtype}")
         _need(initial_state.device == q.device,
               f"initial_state must be on q's device {q.device}, got {initial_state.device}")
+    return FwdShape(batch=b, seqlen=t, h_qk=h_qk, h_v=h_v, num_seqs=n, varlen=cu_seqlens is not None)
+
+
+def _check_cu_seqlens_tensor(cu_seqlens: torch.Tensor | None, b: int, device: torch.device) -> int:
+    """Type/shape/device of cu_seqlens (values are checked once per tensor in plan.py); returns N."""
+    if cu_seqlens is None:
+        return b
+    _need(isinstance(cu_seqlens, torch.Tensor), "cu_seqlens must be a torch.Tensor or None")
+    _need(b == 1, f"cu_seqlens needs B = 1 (varlen packs sequences along T), got B = {b}")
+    _need(cu_seqlens.dtype in (torch.int32, torch.int64),
+          f"cu_seqlens dtype must be int32 or int64, got {cu_seqlens.dtype}")
+    _need(cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2,
+          f"cu_seqlens must be 1-D with N+1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}")
+    _need(cu_seqlens.device == device, f"cu_seqlens must be on q's device {device}, got {cu_seqlens.device}")
+    return cu_seqlens.numel() - 1
+
+
+def check_kkt_args(
+    k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> FwdShape:
+    """Checks for stage 1 alone (chunk_kkt_solve): k [B,T,H_qk,128] bf16/fp16, g and beta [B,T,H_v] fp32."""
+    for name, t in (("k", k), ("g", g), ("beta", beta)):
+        _need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _need(k.dim() == 4 and k.shape[-1] == HEAD_DIM, f"k must be [B,T,H_qk,128], got shape {tuple(k.shape)}")
+    _need(k.dtype in QKV_DTYPES, f"k dtype must be bfloat16 or float16, got {k.dtype}")
+    b, t, h_qk, _ = k.shape
+    _need(t >= 1 and b >= 1, f"need B >= 1 and T >= 1, got B={b}, T={t}")
+    _need(g.dim() == 3 and g.shape[:2] == (b, t), f"g must be [B,T,H_v] with B,T = {(b, t)}, got {tuple(g.shape)}")
+    h_v = g.shape[2]
+    _need(h_qk > 0 and h_v % h_qk == 0, f"H_v={h_v} must be a positive multiple of H_qk={h_qk}")
+    for name, x in (("g", g), ("beta", beta)):
+        _need(x.shape == (b, t, h_v), f"{name} must be [B,T,H_v] = {(b, t, h_v)}, got {tuple(x.shape)}")
+        _need(x.dtype == torch.float32, f"{name} dtype must be float32, got {x.dtype}")
+    devs = {x.device for x in (k, g, beta)}
+    _need(len(devs) == 1, f"k, g, beta must be on one device, got {sorted(map(str, devs))}")
+    n = _check_cu_seqlens_tensor(cu_seqlens, b, k.device)
     return FwdShape(batch=b, seqlen=t, h_qk=h_qk, h_v=h_v, num_seqs=n, varlen=cu_seqlens is not None)
 
 

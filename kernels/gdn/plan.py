@@ -26,7 +26,8 @@ class ChunkPlan:
     """Device tensors the kernels index by, plus host-side sizes for grids.
 
     cu_seqlens: int32 [N+1] token offsets; chunk_indices: int32 [NC, 2] rows of (sequence, chunk within
-    sequence); chunk_offsets: int32 [N+1] first global chunk of each sequence.
+    sequence); chunk_offsets: int32 [N+1] first global chunk of each sequence. cu_host: the same offsets
+    on the host (read once when the plan was built), for later host-side planning without a sync.
     """
 
     cu_seqlens: torch.Tensor
@@ -35,6 +36,7 @@ class ChunkPlan:
     num_seqs: int
     num_chunks: int
     max_chunks: int
+    cu_host: tuple[int, ...] = ()
 
 
 def chunk_counts(lengths: list[int], chunk: int = CHUNK) -> list[int]:
@@ -59,6 +61,7 @@ def build_plan_from_list(cu: list[int], device: torch.device | str, chunk: int =
         num_seqs=len(counts),
         num_chunks=offs[-1],
         max_chunks=max(counts),
+        cu_host=tuple(cu),
     )
 
 

@@ -20,11 +20,11 @@ if nvcc_available() is None:
 SMEM_LIMIT = 227 * 1024
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_kkt_solve_compiles(dtype):
+@pytest.mark.parametrize(("dtype", "parallel_cumsum"), [("bfloat16", False), ("float16", False), ("bfloat16", True)])
+def test_kkt_solve_compiles(dtype, parallel_cumsum):
     from qla_kernels.gdn.fwd.kkt_solve import PASS_CONFIGS, kkt_solve_program
 
-    rep = build_sm90a(kkt_solve_program(128, dtype), PASS_CONFIGS)
+    rep = build_sm90a(kkt_solve_program(128, dtype, parallel_cumsum), PASS_CONFIGS)
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
@@ -42,3 +42,21 @@ def test_fused_fwd_compiles(dtype, use_h0, v_first, block_v):
     assert "wgmma" in rep.source, "expected Hopper wgmma instructions in the generated CUDA"
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "precise", "min_blocks"),
+    [("bfloat16", True, 6), ("float16", True, 0), ("bfloat16", False, 6)],
+)
+def test_kkt_solve_v3_compiles(dtype, precise, min_blocks):
+    from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program
+
+    rep = build_sm90a(kkt_solve_v3_program(128, dtype, precise, min_blocks), PASS_CONFIGS)
+    assert "wgmma" in rep.source, "K K^T should be a Hopper wgmma"
+    assert "kTensorFloat32" in rep.source, "the block products should be tf32 tensor-core mma"
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    # budget: 6 CTAs per SM (6 x (smem + 1 KiB reserved) <= 228 KiB) and the register cap that implies
+    assert 0 < rep.dyn_smem_bytes <= 36 * 1024, rep.line()
+    if min_blocks:
+        assert f"__launch_bounds__(128, {min_blocks})" in rep.source
+        assert rep.registers <= 65536 // (128 * min_blocks), rep.line()

@@ -18,10 +18,12 @@ BLK = 16
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 
 
-def kkt_solve_program(dk: int, dtype: str):
+def kkt_solve_program(dk: int, dtype: str, parallel_cumsum: bool = False):
     """TileLang program: (k, g, beta, cu_seqlens, chunk_indices) -> (g_cumsum, A0). Varlen layout (B=1).
 
     Head counts are runtime values, so one compiled kernel serves every head configuration.
+    parallel_cumsum=True (impl "v2-scan", for measuring only) replaces the one-thread serial cumsum by
+    v3's parallel load + warp scan, to tell how much of v3's gain comes from that alone.
     """
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -79,7 +81,14 @@ def kkt_solve_program(dk: int, dtype: str):
                     b_sh[i] = 0.0
 
             # chunk-local inclusive cumsum of g (one thread; 64 adds)
-            if tx == 0:
+            if parallel_cumsum:
+                for i in T.Parallel(C):
+                    if start + i < end:
+                        gc_sh[i] = g[0, start + i, bh]
+                    else:
+                        gc_sh[i] = 0.0
+                T.cumsum(src=gc_sh, dim=0)
+            elif tx == 0:
                 run[0] = 0.0
                 for i in T.serial(C):
                     if start + i < end:

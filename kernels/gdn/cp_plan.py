@@ -1,0 +1,244 @@
+"""Intra-card context parallelism (CP) planning: split long sequences into pieces of L chunks.
+
+Pure python/torch, tested on CPU; no kernel uses it yet (the CP state passes are the next kernel step,
+design/gdn.md). What is decided here, once per cu_seqlens (cached on the ChunkPlan, so a cache hit costs
+no host sync and no allocation):
+
+- whether to split at all and the piece length L (in 64-token chunks), by a cost model whose every
+  number is a field of CPHeuristics (data, to be refit from H200 measurements);
+- the V-slice width of the fused kernel under that split;
+- the pieces as device tensors: piece token offsets (the fused kernel's "sequences"), the sequence and
+  index of every piece, and where each sequence's pieces start.
+
+Pieces start at multiples of 64 tokens from their sequence's start, so chunk boundaries (and A0, which
+is per chunk) are the same with or without CP; only a sequence's last piece can be ragged.
+
+Cost model (times in microseconds; a pass is a list of CTA durations scheduled on num_sms x ctas_per_sm
+slots, longest first, and costs its makespan):
+    no CP : fused pass, one CTA per (sequence, head, V-slice), chunks x fused_step_us[BV]
+    CP    : prep pass    one CTA per (non-last piece, head): warm-up chunks x prep_step_us
+                         (worst case, the exact (h, M) of the whole piece, unless assumed_warmup_chunks)
+            combine pass one CTA per (split sequence, head): pieces x combine_step_us
+            fused pass   over the pieces, as above
+            + launch_us per extra kernel
+CP is used when its best L beats no-CP by more than `margin`. FlashQLA's closed-form rule (their SM90
+fallback, design/gdn.md) is kept as flashqla_rule() for comparison.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from .plan import CHUNK, ChunkPlan
+
+_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class CPHeuristics:
+    """Every number the CP decision uses. Defaults: fused_step_us from the v2 measurements (NOTES.md:
+    2/8 1x32768 BV=32 1.954 ms / 512 chunks; BV=64 2.535 ms / 512; 16/32 8192x4 and 16/64 1x4096 at
+    BV=64 agree within 2 %); prep / combine are estimates until those kernels exist and are measured."""
+
+    fused_step_us: tuple[tuple[int, float], ...] = ((32, 3.82), (64, 4.90))
+    fused_ctas_per_sm: int = 1  # 161 KiB (BV=64) / 129 KiB (BV=32) of shared memory: one CTA per SM
+    prep_step_us: float = 4.0  # state-only pass per chunk with the transition M (estimate: ~0.8 fused step)
+    prep_ctas_per_sm: int = 1
+    combine_step_us: float = 3.5  # one link h <- h_t + M h of the chain per piece (estimate)
+    launch_us: float = 5.0  # per extra kernel launch (prep, combine)
+    margin: float = 0.05  # CP must be predicted at least this much faster than no CP
+    min_piece_chunks: int = 4
+    max_piece_chunks: int = 512
+    # None: plan for the worst case (heads that do not decay need the whole previous piece exactly).
+    # An int n: assume gate-driven warm-up over the previous piece's last n chunks is enough.
+    assumed_warmup_chunks: int | None = None
+    # the device-side warm-up rule the CP kernels will apply per head (design/gdn.md): stop warming up
+    # once the summed log decay of the warm-up chunks is below this
+    warmup_log_decay: float = -10.0
+
+    def step_us(self, block_v: int) -> float:
+        return dict(self.fused_step_us)[block_v]
+
+    @property
+    def block_vs(self) -> tuple[int, ...]:
+        return tuple(bv for bv, _ in self.fused_step_us)
+
+    def piece_candidates(self, max_chunks: int) -> list[int]:
+        """Powers of two from min_piece_chunks up to (not including) the longest sequence."""
+        out, length = [], self.min_piece_chunks
+        while length < max_chunks and length <= self.max_piece_chunks:
+            out.append(length)
+            length *= 2
+        return out
+
+
+DEFAULT_HEURISTICS = CPHeuristics()
+
+
+def makespan(runs: list[tuple[float, int]], slots: int) -> float:
+    """Longest-first list scheduling of `count` CTAs of each `duration` on `slots` identical slots."""
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    free = [(0.0, slots)]  # (time a group of slots becomes free, how many)
+    end = 0.0
+    for duration, count in sorted(runs, key=lambda r: -r[0]):
+        while count > 0:
+            t, n = heapq.heappop(free)
+            take = min(n, count)
+            if n > take:
+                heapq.heappush(free, (t, n - take))
+            heapq.heappush(free, (t + duration, take))
+            end = max(end, t + duration)
+            count -= take
+    return end
+
+
+def split_counts(chunks: int, piece: int | None) -> list[int]:
+    """Chunks of each piece of a sequence of `chunks` chunks (no split when piece is None or >= chunks)."""
+    if piece is None or chunks <= piece:
+        return [chunks]
+    full, rest = divmod(chunks, piece)
+    return [piece] * full + ([rest] if rest else [])
+
+
+def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics) -> float:
+    ways = 128 // block_v
+    runs = [(c * h.step_us(block_v), h_v * ways) for c in pieces]
+    return makespan(runs, num_sms * h.fused_ctas_per_sm)
+
+
+def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
+               h: CPHeuristics = DEFAULT_HEURISTICS) -> tuple[float, int]:
+    """(predicted time, best V-slice width) for piece length `piece` (None: no CP)."""
+    pieces = [p for c in chunks for p in split_counts(c, piece)]
+    best = min((_fused_us(pieces, h_v, bv, num_sms, h), bv) for bv in h.block_vs)
+    if piece is None or len(pieces) == len(chunks):
+        return best
+    prep, combine = [], []
+    for c in chunks:
+        parts = split_counts(c, piece)
+        if len(parts) == 1:
+            continue
+        warm = [p if h.assumed_warmup_chunks is None else min(p, h.assumed_warmup_chunks) for p in parts[:-1]]
+        prep.extend((w * h.prep_step_us, h_v) for w in warm)
+        combine.append((len(parts) * h.combine_step_us, h_v))
+    extra = (makespan(prep, num_sms * h.prep_ctas_per_sm) + makespan(combine, num_sms)
+             + 2 * h.launch_us)
+    return best[0] + extra, best[1]
+
+
+@dataclass(frozen=True)
+class CPDecision:
+    piece_chunks: int | None  # None: no CP
+    block_v: int
+    predicted_us: float
+    baseline_us: float  # no CP, best V-slice
+    sweep: tuple[tuple[int, float], ...] = field(default=(), compare=False)  # (L, predicted us) tried
+
+
+def choose_cp(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS) -> CPDecision:
+    """Pick the piece length (or no CP) for sequences of `chunks` chunks and h_v value heads."""
+    if h_v < 1 or num_sms < 1 or not chunks or min(chunks) < 1:
+        raise ValueError(f"need h_v >= 1, num_sms >= 1 and sequences of >= 1 chunk; got h_v={h_v}, "
+                         f"num_sms={num_sms}, chunks={chunks[:8]}")
+    base_us, base_bv = predict_us(chunks, h_v, num_sms, None, h)
+    sweep = []
+    best = (base_us, None, base_bv)
+    for piece in h.piece_candidates(max(chunks)):
+        t, bv = predict_us(chunks, h_v, num_sms, piece, h)
+        sweep.append((piece, t))
+        if t < best[0]:
+            best = (t, piece, bv)
+    t, piece, bv = best
+    if piece is not None and t > base_us * (1.0 - h.margin):
+        t, piece, bv = base_us, None, base_bv
+    return CPDecision(piece_chunks=piece, block_v=bv, predicted_us=t, baseline_us=base_us, sweep=tuple(sweep))
+
+
+def flashqla_rule(chunks: list[int], h_v: int, num_sms: int) -> tuple[bool, int]:
+    """FlashQLA's SM90 fallback rule as published (design/gdn.md), for comparison only:
+    L = max(4, 2^round(log2(3 sqrt(H_v * total_chunks / #SM)))); CP when Be*H_v <= 40, or <= 56 with the
+    longest sequence >= 128 chunks, where Be = total chunks / longest."""
+    total, longest = sum(chunks), max(chunks)
+    piece = max(4, 2 ** round(math.log2(3 * math.sqrt(h_v * total / num_sms))))
+    be_h = total / longest * h_v
+    return (be_h <= 40 or (be_h <= 56 and longest >= 128)), piece
+
+
+@dataclass(frozen=True)
+class CPPlan:
+    """The split, as device tensors (int32) plus host sizes.
+
+    cu_seqlens [P+1]: token offsets of the pieces (equal to the input's when CP is off);
+    piece_seq [P]: sequence of each piece; piece_index [P]: its index within the sequence (0 = takes the
+    sequence's initial state); seq_first_piece [N+1]: pieces of sequence s are seq_first_piece[s] ..
+    seq_first_piece[s+1]-1, the last one writes the final state.
+    """
+
+    decision: CPDecision
+    cu_seqlens: torch.Tensor
+    piece_seq: torch.Tensor
+    piece_index: torch.Tensor
+    seq_first_piece: torch.Tensor
+    num_pieces: int
+    num_seqs: int
+    max_piece_chunks: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.decision.piece_chunks is not None
+
+
+def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device: torch.device | str) -> CPPlan:
+    """Pieces for host offsets `cu` under `decision` (pure; cu is assumed validated by plan.py)."""
+    piece = decision.piece_chunks
+    offs, seq, idx, first = [], [], [], [0]
+    longest = 0
+    for s, (a, b) in enumerate(itertools.pairwise(cu)):
+        chunks = -(-(b - a) // CHUNK)
+        start = a
+        for i, c in enumerate(split_counts(chunks, piece)):
+            offs.append(start)
+            seq.append(s)
+            idx.append(i)
+            longest = max(longest, c)
+            start = min(b, start + c * CHUNK)
+        first.append(len(offs))
+    offs.append(cu[-1])
+
+    def dev(x):
+        return torch.tensor(x, dtype=torch.int32).to(device)
+
+    return CPPlan(decision=decision, cu_seqlens=dev(offs), piece_seq=dev(seq), piece_index=dev(idx),
+                  seq_first_piece=dev(first), num_pieces=len(seq), num_seqs=len(cu) - 1,
+                  max_piece_chunks=longest)
+
+
+_cache: OrderedDict[tuple, tuple[weakref.ref, CPPlan]] = OrderedDict()
+
+
+def plan_cp(chunk_plan: ChunkPlan, h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS) -> CPPlan:
+    """CP plan for a ChunkPlan (from plan_varlen / plan_fixed), cached per (plan object, h_v, #SM,
+    heuristics): built once, from the host offsets the ChunkPlan already holds, so never a host sync."""
+    key = (id(chunk_plan), h_v, num_sms, h)
+    hit = _cache.get(key)
+    if hit is not None and hit[0]() is chunk_plan:
+        _cache.move_to_end(key)
+        return hit[1]
+    cu = chunk_plan.cu_host
+    if len(cu) < 2:
+        raise ValueError("the ChunkPlan has no host offsets (cu_host); build it with plan.build_plan_from_list")
+    chunks = [-(-(b - a) // CHUNK) for a, b in itertools.pairwise(cu)]
+    plan = build_cp_plan(cu, choose_cp(chunks, h_v, num_sms, h), chunk_plan.cu_seqlens.device)
+    _cache[key] = (weakref.ref(chunk_plan), plan)
+    _cache.move_to_end(key)
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return plan

@@ -1,0 +1,293 @@
+"""Stage 1, v3 (prepared on CPU, not yet run on a GPU): chunk-local cumsum of g and
+
+    A0 = (I + StrictLower(diag(beta) K K^T))^-1
+
+with the off-diagonal block products on tensor cores. Same outputs as kkt_solve.py (v2). One CTA per
+(chunk, value head), 128 threads, value head fastest in the grid so the GVA siblings that read the same
+K tile run next to each other (L2 hits).
+
+Block algorithm (the recursion v2 uses, 16 -> 32 -> 64; blocks are 16x16, L_ij = block (i, j) of L):
+    X_b  = (I + L_bb)^-1 for b = 0..3              forward substitution, fp32, one thread per column
+    X10  = -X1 L10 X0,  X32 = -X3 L32 X2           level 1, both pairs in one 32-row product each:
+           T1 = blockdiag(L10, L32) [X0; X2],  U1 = blockdiag(X1, X3) T1
+    X21  = -X22 L21 X11 (32x32 blocks)             level 2: T2 = L21 X11, U2 = X22 T2
+TileLang lowers fp32 T.gemm to mma.sync m16n8k8 tf32. A plain tf32 product loses ~13 mantissa bits of
+each operand (measured in emulation: +15 % A0 error on correlated keys), so with precise=True every
+product is split 3xTF32: x = hi + lo, hi = x rounded to tf32, lo = x - hi, and
+    A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi    (fp32 accumulate)
+which matches the fp32 CUDA-core products of v2 (tests/kernels/test_kkt_v3_algorithm.py emulates the
+buffers stage by stage in torch and checks the error against float64).
+
+Versus v2: no single-thread serial cumsum (64 dependent global loads), 1-D grid, 16-wide staging
+buffers instead of full 64x64 fp32 copies, the 82 K fp32 multiply-adds of the block products (two
+shared-memory loads each) moved to ~400 tf32 mma instructions, full chunks stored with one tile copy.
+"""
+
+import tilelang
+import tilelang.language as T
+
+CHUNK = 64
+BLK = 16
+HALF = 32
+PAD = BLK + 1  # row stride of the 16-wide fp32 staging buffers: the 4 diagonal blocks hit different banks
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+
+def _tf32_hi(x):
+    """x rounded to the nearest tf32 value (10 explicit mantissa bits), still an fp32 number."""
+    bits = T.reinterpret(x, "uint32")
+    return T.reinterpret(T.bitwise_and(bits + T.uint32(0x1000), T.uint32(0xFFFFE000)), "float32")
+
+
+def kkt_solve_v3_program(
+    dk: int, dtype: str, precise: bool = True, min_blocks_per_sm: int = 6, cpu_debug: bool = False
+):
+    """TileLang program with kkt_solve_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
+    (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values.
+
+    precise=False uses one tf32 product per block product (operands truncated by the hardware): for
+    timing the 3xTF32 cost only, not for use. min_blocks_per_sm > 0 asks ptxas to fit that many CTAs
+    per SM (register cap 65536 / (128 * n)): 6 gives 80 registers and no spills, and 6 x 33.8 KiB of
+    shared memory fit too (8 would spill); 0 leaves ptxas free (93 registers, 5 CTAs/SM).
+
+    cpu_debug=True builds the same program for TileLang's C backend, so its index logic (grid decode,
+    scatter of L, operand stacking, assembly of A0, ragged-tail masking) runs on a CPU: the GEMMs become
+    loops that read their operands through the same tf32 truncation as mma.sync, the register fragments
+    shared buffers, the per-thread forward substitution and the warp scan serial loops (run with fp32
+    in/out: the C backend has no bf16). tests/kernels/test_kkt_v3_cpu.py runs it against float64.
+    """
+    C = CHUNK
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs_p1")
+    nc = T.dynamic("num_chunks")
+    acc = "float32"
+
+    @T.macro
+    def split_store(x, dst_hi, dst_lo, r, c):
+        """dst_hi[r, c], dst_lo[r, c] = the 3xTF32 split of x (dst_lo unused when not precise)."""
+        if isinstance(x, float):  # a constant (the zero blocks): exact in tf32, nothing to split
+            dst_hi[r, c] = x
+            if precise:
+                dst_lo[r, c] = 0.0
+        elif precise:
+            dst_hi[r, c] = _tf32_hi(x)
+            dst_lo[r, c] = x - _tf32_hi(x)
+        else:
+            dst_hi[r, c] = x
+
+    def tf32_operand(x):
+        """What mma.sync .tf32 reads from an fp32 register (the low 13 mantissa bits ignored)."""
+        return T.reinterpret(T.bitwise_and(T.reinterpret(x, "uint32"), T.uint32(0xFFFFE000)), "float32")
+
+    @T.macro
+    def loop_gemm(a, b, out, clear):
+        """CPU stand-in for T.gemm(a, b, out) on fp32 operands (tf32 operand truncation, fp32 sums)."""
+        for i, j in T.Parallel(a.shape[0], b.shape[1]):
+            if clear:
+                out[i, j] = 0.0
+            for r in T.serial(a.shape[1]):
+                out[i, j] = out[i, j] + tf32_operand(a[i, r]) * tf32_operand(b[r, j])
+
+    @T.macro
+    def mm(a_hi, a_lo, b_hi, b_lo, out):
+        """out = A B (fp32 accumulate), 3xTF32 when precise; small terms first."""
+        if cpu_debug:
+            if precise:
+                loop_gemm(a_lo, b_hi, out, True)
+                loop_gemm(a_hi, b_lo, out, False)
+                loop_gemm(a_hi, b_hi, out, False)
+            else:
+                loop_gemm(a_hi, b_hi, out, True)
+        elif precise:
+            T.gemm(a_lo, b_hi, out, clear_accum=True)
+            T.gemm(a_hi, b_lo, out)
+            T.gemm(a_hi, b_hi, out)
+        else:
+            T.gemm(a_hi, b_hi, out, clear_accum=True)
+
+    def alloc_sh(shape, dt):
+        # the C backend wants static shared memory (one dynamic allocation only, and it does not merge)
+        return T.alloc_shared(shape, dt, scope="shared") if cpu_debug else T.alloc_shared(shape, dt)
+
+    alloc_acc = alloc_sh if cpu_debug else T.alloc_fragment
+
+    @T.prim_func
+    def kkt_solve_v3(
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        g: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_indices: T.Tensor((nc, 2), "int32"),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+    ):
+        with T.Kernel(nc * h_v, threads=128) as (bid,):
+            if min_blocks_per_sm > 0 and not cpu_debug:
+                T.annotate_min_blocks_per_sm(min_blocks_per_sm)
+            bh = bid % h_v
+            bc = bid // h_v
+            bhg = bh // (h_v // h_qk)
+            seq = chunk_indices[bc, 0]
+            start = cu_seqlens[seq] + chunk_indices[bc, 1] * C
+            end = cu_seqlens[seq + 1]
+
+            k_sh = alloc_sh((C, dk), dtype)
+            b_sh = alloc_sh((C,), acc)
+            gc_sh = alloc_sh((C,), acc)
+            kk = alloc_acc((C, C), acc)
+            ld_sh = alloc_sh((C, PAD), acc)  # diagonal blocks of L, row i holds L[i, 16*(i//16) + c]
+            dx_sh = alloc_sh((C, PAD), acc)  # their inverses X_b in the same stacking
+            if not cpu_debug:
+                col = T.alloc_local((BLK,), acc)
+            # level 1: A1 = blockdiag(L10, L32), B1 = [X0; X2], A2 = blockdiag(X1, X3)
+            a1_hi = alloc_sh((HALF, HALF), acc)
+            b1_hi = alloc_sh((HALF, BLK), acc)
+            a2_hi = alloc_sh((HALF, HALF), acc)
+            t1_hi = alloc_sh((HALF, BLK), acc)
+            t1 = alloc_acc((HALF, BLK), acc)
+            u1 = alloc_acc((HALF, BLK), acc)
+            # level 2: L21 = L[32:, :32], X11 = A0[:32, :32], X22 = A0[32:, 32:]
+            l21_hi = alloc_sh((HALF, HALF), acc)
+            x11_hi = alloc_sh((HALF, HALF), acc)
+            x22_hi = alloc_sh((HALF, HALF), acc)
+            t2_hi = alloc_sh((HALF, HALF), acc)
+            t2 = alloc_acc((HALF, HALF), acc)
+            u2 = alloc_acc((HALF, HALF), acc)
+            a_out = alloc_sh((C, C), dtype)
+            if precise:
+                a1_lo = alloc_sh((HALF, HALF), acc)
+                b1_lo = alloc_sh((HALF, BLK), acc)
+                a2_lo = alloc_sh((HALF, HALF), acc)
+                t1_lo = alloc_sh((HALF, BLK), acc)
+                l21_lo = alloc_sh((HALF, HALF), acc)
+                x11_lo = alloc_sh((HALF, HALF), acc)
+                x22_lo = alloc_sh((HALF, HALF), acc)
+                t2_lo = alloc_sh((HALF, HALF), acc)
+            else:
+                a1_lo = a1_hi
+                b1_lo = b1_hi
+                a2_lo = a2_hi
+                t1_lo = t1_hi
+                l21_lo = l21_hi
+                x11_lo = x11_hi
+                x22_lo = x22_hi
+                t2_lo = t2_hi
+
+            # K tile unmasked: rows past the sequence end belong to the next sequence (finite) or are
+            # zero-filled past the tensor end; beta = 0 there zeroes their rows of L, and a column j past
+            # the end only meets rows i > j, also past the end.
+            T.copy(k[0, start : start + C, bhg, 0:dk], k_sh)
+            for i in T.Parallel(C):
+                if start + i < end:
+                    b_sh[i] = beta[0, start + i, bh]
+                    gc_sh[i] = g[0, start + i, bh]
+                else:
+                    b_sh[i] = 0.0
+                    gc_sh[i] = 0.0
+            if cpu_debug:
+                for i in T.serial(C - 1):
+                    gc_sh[i + 1] = gc_sh[i + 1] + gc_sh[i]
+                for i, j in T.Parallel(C, C):
+                    kk[i, j] = 0.0
+                    for d in T.serial(dk):
+                        kk[i, j] = kk[i, j] + T.cast(k_sh[i, d], acc) * T.cast(k_sh[j, d], acc)
+            else:
+                T.cumsum(src=gc_sh, dim=0)
+                T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
+
+            # scatter L = StrictLower(diag(beta) K K^T) into the pieces the algorithm reads
+            for i, j in T.Parallel(C, C):
+                if i // BLK == j // BLK:
+                    ld_sh[i, j % BLK] = T.if_then_else(i > j, kk[i, j] * b_sh[i], 0.0)
+                if i >= HALF and j < HALF:
+                    split_store(kk[i, j] * b_sh[i], l21_hi, l21_lo, i - HALF, j)
+                if i // BLK % 2 == 1 and j // BLK == i // BLK - 1:
+                    split_store(kk[i, j] * b_sh[i], a1_hi, a1_lo, i // HALF * BLK + i % BLK,
+                                i // HALF * BLK + j % BLK)
+            for r, c in T.Parallel(HALF, HALF):
+                if r // BLK != c // BLK:
+                    split_store(0.0, a1_hi, a1_lo, r, c)
+
+            # diagonal blocks: thread (block b, column c) solves (I + L_bb) x = e_c in fp32 registers
+            if cpu_debug:
+                for blk, c in T.Parallel(4, BLK):
+                    for i in T.serial(BLK):
+                        dx_sh[blk * BLK + i, c] = T.if_then_else(c == i, 1.0, 0.0)
+                        for j in T.serial(i):
+                            dx_sh[blk * BLK + i, c] = dx_sh[blk * BLK + i, c] - ld_sh[blk * BLK + i, j] * dx_sh[
+                                blk * BLK + j, c]
+            else:
+                tx = T.get_thread_binding()
+                if tx < 4 * BLK:
+                    blk = tx // BLK
+                    c = tx % BLK
+                    for i in T.unroll(BLK):
+                        col[i] = T.if_then_else(c == i, 1.0, 0.0)
+                        for j in T.unroll(i):
+                            col[i] = col[i] - ld_sh[blk * BLK + i, j] * col[j]
+                    for i in T.unroll(BLK):
+                        dx_sh[blk * BLK + i, c] = col[i]
+
+            # level 1 operands from the diagonal inverses
+            for r, c in T.Parallel(HALF, BLK):
+                split_store(dx_sh[r // BLK * HALF + r % BLK, c], b1_hi, b1_lo, r, c)
+            for r, c in T.Parallel(HALF, HALF):
+                split_store(
+                    T.if_then_else(r // BLK == c // BLK, dx_sh[r // BLK * HALF + BLK + r % BLK, c % BLK], 0.0),
+                    a2_hi, a2_lo, r, c,
+                )
+            mm(a1_hi, a1_lo, b1_hi, b1_lo, t1)  # [L10 X0; L32 X2]
+            for r, c in T.Parallel(HALF, BLK):
+                split_store(t1[r, c], t1_hi, t1_lo, r, c)
+            mm(a2_hi, a2_lo, t1_hi, t1_lo, u1)  # [X1 L10 X0; X3 L32 X2] = -[X10; X32]
+
+            # level 2 operands: X11 = [X0 0; X10 X1], X22 = [X2 0; X32 X3]
+            for r, c in T.Parallel(HALF, BLK):
+                if r < BLK:
+                    split_store(-u1[r, c], x11_hi, x11_lo, BLK + r, c)
+                else:
+                    split_store(-u1[r, c], x22_hi, x22_lo, r, c)
+            # (every element written unconditionally: TileLang vectorises a conditionally skipped write
+            # of a T.Parallel loop into an unconditional store of an uninitialised local, seen in v3's
+            # generated CUDA; so each loop below covers its region completely)
+            for r, c in T.Parallel(BLK, BLK):
+                split_store(dx_sh[r, c], x11_hi, x11_lo, r, c)
+                split_store(0.0, x11_hi, x11_lo, r, BLK + c)
+                split_store(dx_sh[BLK + r, c], x11_hi, x11_lo, BLK + r, BLK + c)
+                split_store(dx_sh[HALF + r, c], x22_hi, x22_lo, r, c)
+                split_store(0.0, x22_hi, x22_lo, r, BLK + c)
+                split_store(dx_sh[HALF + BLK + r, c], x22_hi, x22_lo, BLK + r, BLK + c)
+            mm(l21_hi, l21_lo, x11_hi, x11_lo, t2)  # L21 X11
+            for r, c in T.Parallel(HALF, HALF):
+                split_store(t2[r, c], t2_hi, t2_lo, r, c)
+            mm(x22_hi, x22_lo, t2_hi, t2_lo, u2)  # X22 L21 X11 = -X21
+
+            # assemble A0 = [X11 0; X21 X22] (hi + lo is the exact fp32 value)
+            for r, c in T.Parallel(HALF, HALF):
+                a_out[HALF + r, c] = T.cast(-u2[r, c], dtype)
+            for r, c in T.Parallel(HALF, HALF):
+                if precise:
+                    a_out[r, c] = T.cast(x11_hi[r, c] + x11_lo[r, c], dtype)
+                    a_out[HALF + r, HALF + c] = T.cast(x22_hi[r, c] + x22_lo[r, c], dtype)
+                else:
+                    a_out[r, c] = T.cast(x11_hi[r, c], dtype)
+                    a_out[HALF + r, HALF + c] = T.cast(x22_hi[r, c], dtype)
+                a_out[r, HALF + c] = T.cast(0.0, dtype)
+
+            if start + C <= end:
+                T.copy(a_out, a0[0, start : start + C, bh, 0:C])
+            else:
+                for i, j in T.Parallel(C, C):
+                    if start + i < end:
+                        a0[0, start + i, bh, j] = a_out[i, j]
+            for i in T.Parallel(C):
+                if start + i < end:
+                    g_cumsum[0, start + i, bh] = gc_sh[i]
+
+    return kkt_solve_v3
+
+
+kkt_solve_v3_kernel = tilelang.jit(kkt_solve_v3_program, pass_configs=PASS_CONFIGS)

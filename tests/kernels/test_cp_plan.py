@@ -1,0 +1,125 @@
+"""Context-parallel planning (CPU): the split, the cost-model decision, FlashQLA's rule, caching."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from qla_kernels.gdn.cp_plan import (
+    DEFAULT_HEURISTICS,
+    CPDecision,
+    CPHeuristics,
+    build_cp_plan,
+    choose_cp,
+    flashqla_rule,
+    makespan,
+    plan_cp,
+    predict_us,
+    split_counts,
+)
+from qla_kernels.gdn.plan import build_plan_from_list, plan_fixed, plan_varlen
+
+
+def test_makespan_list_scheduling():
+    assert makespan([], 4) == 0.0
+    assert makespan([(10.0, 4)], 4) == 10.0
+    assert makespan([(10.0, 5)], 4) == 20.0
+    assert makespan([(10.0, 1), (4.0, 3)], 2) == 12.0  # longest first: 10 | 4+4+4
+    with pytest.raises(ValueError):
+        makespan([(1.0, 1)], 0)
+
+
+def test_split_counts():
+    assert split_counts(10, None) == [10]
+    assert split_counts(10, 16) == [10]
+    assert split_counts(64, 16) == [16] * 4
+    assert split_counts(70, 16) == [16] * 4 + [6]
+
+
+def test_baseline_reproduces_v2_measurements():
+    """No-CP predictions equal the measured v2 fused times the defaults were taken from (NOTES.md)."""
+    t, bv = predict_us([512], 8, 132, None)
+    assert bv == 32 and abs(t - 1954) / 1954 < 0.02  # 2/8 1x32768: 1.954 ms at BV=32
+    t, bv = predict_us([128] * 4, 32, 132, None)
+    assert bv == 64 and abs(t - 1236) / 1236 < 0.03  # 16/32 8192x4: 1.236 ms
+    t, bv = predict_us([64], 64, 132, None)
+    assert bv == 64 and abs(t - 315) / 315 < 0.02  # 16/64 1x4096: 0.315 ms
+
+
+def test_decisions_on_the_notes_configs():
+    one_long_few_heads = choose_cp([512], 8, 132)  # 2/8 1x32768: 16 CTAs without CP
+    assert one_long_few_heads.piece_chunks is not None
+    assert one_long_few_heads.predicted_us < 0.5 * one_long_few_heads.baseline_us
+    assert choose_cp([64], 64, 132).piece_chunks is None  # 16/64 1x4096: 128 CTAs already
+    assert choose_cp([128] * 4, 32, 132).piece_chunks is None  # 16/32 8192x4: 256 CTAs
+    assert choose_cp([16] * 8, 8, 132).piece_chunks is None  # short sequences: nothing to split
+
+
+def test_heuristics_are_data():
+    h = DEFAULT_HEURISTICS
+    assert hash(h) == hash(CPHeuristics())  # hashable: part of the cache key
+    never = dataclasses.replace(h, margin=0.99)
+    assert choose_cp([512], 8, 132, never).piece_chunks is None
+    cheap_warmup = dataclasses.replace(h, assumed_warmup_chunks=2)
+    d_cheap, d_exact = choose_cp([512], 32, 132, cheap_warmup), choose_cp([512], 32, 132, h)
+    assert d_cheap.predicted_us < d_exact.predicted_us
+    assert h.piece_candidates(512) == [4, 8, 16, 32, 64, 128, 256]
+    assert h.piece_candidates(4) == []
+    with pytest.raises(ValueError):
+        choose_cp([], 8, 132)
+    with pytest.raises(ValueError):
+        choose_cp([4], 0, 132)
+
+
+def test_flashqla_rule_as_published():
+    assert flashqla_rule([512], 8, 132) == (True, 16)  # 3 sqrt(8*512/132) = 16.7 -> 2^4
+    enabled, piece = flashqla_rule([128] * 4, 32, 132)
+    assert not enabled and piece == 32
+    assert flashqla_rule([2], 8, 132)[1] == 4  # floor of 4 chunks
+
+
+def _pieces(cp):
+    cu = cp.cu_seqlens.tolist()
+    return list(zip(cu[:-1], cu[1:], cp.piece_seq.tolist(), cp.piece_index.tolist(), strict=True))
+
+
+def test_pieces_cover_every_token_once_and_align_to_chunks():
+    cu = [0, 1, 1000, 1000 + 64 * 40 + 5, 1000 + 64 * 40 + 5 + 64 * 16]
+    decision = CPDecision(piece_chunks=16, block_v=64, predicted_us=0.0, baseline_us=0.0)
+    cp = build_cp_plan(cu, decision, "cpu")
+    assert cp.enabled and cp.num_seqs == 4
+    pieces = _pieces(cp)
+    covered = [t for a, b, _, _ in pieces for t in range(a, b)]
+    assert covered == list(range(cu[-1]))
+    for a, b, s, i in pieces:
+        assert (a - cu[s]) % 64 == 0 and (a - cu[s]) == i * 16 * 64  # chunk-aligned, in order
+        assert b - a <= 16 * 64
+    # 1 token | 999 tokens = 16 chunks (one piece) | 41 chunks -> 16 + 16 + 9 | exactly 16 chunks
+    assert [sum(1 for p in pieces if p[2] == s) for s in range(4)] == [1, 1, 3, 1]
+    assert cp.seq_first_piece.tolist() == [0, 1, 2, 5, 6]
+    assert cp.max_piece_chunks == 16 and cp.num_pieces == 6
+    assert cp.cu_seqlens.dtype == torch.int32 and cp.piece_seq.dtype == torch.int32
+
+
+def test_no_cp_keeps_the_sequences():
+    cu = [0, 100, 300]
+    cp = build_cp_plan(cu, CPDecision(None, 64, 1.0, 1.0), "cpu")
+    assert not cp.enabled and cp.cu_seqlens.tolist() == cu and cp.piece_index.tolist() == [0, 0]
+
+
+def test_plan_cp_is_cached_per_chunk_plan_without_resync():
+    cu = torch.tensor([0, 32768], dtype=torch.int32)
+    chunk_plan = plan_varlen(cu, 32768)
+    assert chunk_plan.cu_host == (0, 32768)
+    a = plan_cp(chunk_plan, 8, 132)
+    assert plan_cp(chunk_plan, 8, 132) is a  # same object: nothing rebuilt, no sync
+    assert plan_cp(chunk_plan, 64, 132) is not a  # head count is part of the key
+    assert a.enabled and a.num_pieces == 512 // a.decision.piece_chunks
+    fixed = plan_fixed(1, 32768, "cpu")  # fixed-length: no cu_seqlens tensor, no sync at all
+    assert plan_cp(fixed, 8, 132).decision == a.decision
+
+
+def test_plan_cp_needs_host_offsets():
+    plan = dataclasses.replace(build_plan_from_list([0, 10], "cpu"), cu_host=())
+    with pytest.raises(ValueError, match="host offsets"):
+        plan_cp(plan, 8, 132)

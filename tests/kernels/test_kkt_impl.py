@@ -1,0 +1,55 @@
+"""Selecting the kkt_solve implementation (argument, $QLA_KKT_IMPL, default) and stage-1 argument checks."""
+
+import pytest
+import torch
+
+from qla_kernels.gdn.api import DEFAULT_KKT_IMPL, KKT_IMPLS, chunk_kkt_solve, resolve_kkt_impl
+from qla_kernels.gdn.checks import check_kkt_args
+
+
+def test_default_is_v2_until_v3_is_verified(monkeypatch):
+    monkeypatch.delenv("QLA_KKT_IMPL", raising=False)
+    assert DEFAULT_KKT_IMPL == "v2" and resolve_kkt_impl() == "v2"
+    assert {"v2", "v3"} <= set(KKT_IMPLS)
+
+
+def test_env_and_argument(monkeypatch):
+    monkeypatch.setenv("QLA_KKT_IMPL", "v3")
+    assert resolve_kkt_impl() == "v3"
+    assert resolve_kkt_impl("v2") == "v2"  # the explicit argument wins
+    monkeypatch.setenv("QLA_KKT_IMPL", " ")
+    assert resolve_kkt_impl() == "v2"
+
+
+def test_unknown_names_are_errors(monkeypatch):
+    monkeypatch.setenv("QLA_KKT_IMPL", "v9")
+    with pytest.raises(ValueError, match=r"\$QLA_KKT_IMPL must be one of"):
+        resolve_kkt_impl()
+    with pytest.raises(ValueError, match="kkt_impl must be one of"):
+        resolve_kkt_impl("fast")
+
+
+def _stage1(b=1, t=70, h_qk=2, h_v=6):
+    return (torch.randn(b, t, h_qk, 128).bfloat16(), -torch.rand(b, t, h_v), torch.rand(b, t, h_v))
+
+
+def test_check_kkt_args():
+    s = check_kkt_args(*_stage1())
+    assert (s.h_qk, s.h_v, s.gva_ratio, s.num_seqs) == (2, 6, 3, 1)
+    k, g, beta = _stage1()
+    for bad, needle in [
+        ((k.float(), g, beta), "k dtype"),
+        ((k[..., :64], g, beta), r"k must be \[B,T,H_qk,128\]"),
+        ((k, g[..., :5], beta), "multiple of H_qk"),
+        ((k, g, beta[..., :3]), r"beta must be \[B,T,H_v\]"),
+        ((k, g.double(), beta), "g dtype"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            check_kkt_args(*bad)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        check_kkt_args(k, g, beta, torch.tensor([0.0, 70.0]))
+
+
+def test_chunk_kkt_solve_rejects_cpu_before_any_launch():
+    with pytest.raises(ValueError, match="CUDA"):
+        chunk_kkt_solve(*_stage1(), kkt_impl="v3")
