@@ -22,6 +22,7 @@ import inspect
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,6 +102,48 @@ def supported_archs(version: str) -> tuple[int, ...]:
     return (8, 9, 10, 12) if version_tuple(version) >= (0, 7) else (9, 10)
 
 
+ALLOW_BUILD_ENV = "QLA_FLASHINFER_ALLOW_BUILD"
+_JIT_VERSION_MAX = (0, 7)  # 0.6.x builds one CUTLASS module with nvcc; 0.7.x compiles CuTe DSL per process
+
+
+def jit_module_path(version: str, capability: tuple[int, int], workspace: str | None = None) -> Path:
+    """Where FlashInfer 0.6.x keeps its built GDN prefill module (flashinfer/jit/env.py layout)."""
+    base = Path(workspace or os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home())
+    arch = f"{capability[0]}{capability[1]}" + ("a" if capability[0] >= 9 else "")
+    return base / ".cache" / "flashinfer" / version / arch / "cached_ops" / "gdn_prefill_sm90" / "gdn_prefill_sm90.so"
+
+
+def unbuilt_jit_reason(version: str, capability: tuple[int, int], aot_present: bool) -> str | None:
+    """Why a sweep must not trigger FlashInfer 0.6.x's GDN JIT build (~13 min on 16 cores, 12,000 CPU-s)
+    inside a timed config; None when the module is built, prebuilt (AOT), or a build is allowed here."""
+    if version_tuple(version) >= _JIT_VERSION_MAX or aot_present or os.environ.get(ALLOW_BUILD_ENV) == "1":
+        return None
+    path = jit_module_path(version, capability)
+    if path.is_file():
+        return None
+    return (
+        f"FlashInfer {version}'s GDN module is not built ({path} missing; its JIT build takes ~13 min on 16 "
+        "cores): run `qla-bench prepare --backends flashinfer` once, or unpack a prebuilt module "
+        "(.ci/build-flashinfer-gdn.sh)"
+    )
+
+
+def _aot_present() -> bool:
+    """FlashInfer loads a module shipped under <package>/data/aot/ without any build."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("flashinfer")
+    except (ImportError, ValueError):  # a module object without a spec (tests' fakes)
+        return False
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(
+        (Path(loc) / "data" / "aot" / "gdn_prefill_sm90" / "gdn_prefill_sm90.so").is_file()
+        for loc in spec.submodule_search_locations
+    )
+
+
 class _FlashInferBase(Backend):
     """Shared adapter; subclasses pick use_cp."""
 
@@ -132,6 +175,9 @@ class _FlashInferBase(Backend):
         major, minor = torch.cuda.get_device_capability(device)
         if major not in supported_archs(version):
             return f"FlashInfer {version} has no GDN prefill kernel for sm_{major}{minor}"
+        reason = unbuilt_jit_reason(version, (major, minor), _aot_present())
+        if reason:
+            return reason
         if self.use_cp is not False or gate_domain_setting() == "log":
             mod, reason = import_or_reason(ENTRY_MODULE)
             if mod is None:

@@ -94,6 +94,7 @@ def test_available_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_supports(monkeypatch: pytest.MonkeyPatch, fake_cuda, install_module) -> None:
     install_module(MOD, chunk_gated_delta_rule=sig_069)
     monkeypatch.setattr(fi_backend, "dist_version", lambda dist: "0.6.9")
+    monkeypatch.setenv("QLA_FLASHINFER_ALLOW_BUILD", "1")  # the JIT-module check has its own test
     b, bcp = FlashInferBackend(), FlashInferCPBackend()
     wl = Workload(HeadConfig(16, 32), (8192,) * 4)
     dev = fake_cuda((9, 0))
@@ -226,3 +227,22 @@ def test_bad_gate_domain_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QLA_FLASHINFER_GATE_DOMAIN", "ln")
     with pytest.raises(ValueError, match="QLA_FLASHINFER_GATE_DOMAIN"):
         FlashInferBackend().env_flags()
+
+
+def test_unbuilt_jit_module_is_unsupported_until_prepare(tmp_path, monkeypatch):
+    from qla_bench.backends.flashinfer import ALLOW_BUILD_ENV, jit_module_path, unbuilt_jit_reason
+
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
+    monkeypatch.delenv(ALLOW_BUILD_ENV, raising=False)
+    path = jit_module_path("0.6.9", (9, 0))
+    assert path == tmp_path / ".cache/flashinfer/0.6.9/90a/cached_ops/gdn_prefill_sm90/gdn_prefill_sm90.so"
+    reason = unbuilt_jit_reason("0.6.9", (9, 0), aot_present=False)
+    assert reason and "qla-bench prepare --backends flashinfer" in reason
+    assert unbuilt_jit_reason("0.6.9", (9, 0), aot_present=True) is None
+    assert unbuilt_jit_reason("0.7.4", (9, 0), aot_present=False) is None
+    monkeypatch.setenv(ALLOW_BUILD_ENV, "1")
+    assert unbuilt_jit_reason("0.6.9", (9, 0), aot_present=False) is None
+    monkeypatch.delenv(ALLOW_BUILD_ENV)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x7fELF")
+    assert unbuilt_jit_reason("0.6.9", (9, 0), aot_present=False) is None
