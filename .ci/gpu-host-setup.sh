@@ -10,3 +10,10 @@ export PYTHONPATH=/tmp/site:/tmp/qla-src:$PWD PYTHONUNBUFFERED=1
 export QLA_CACHE_DIR=${QLA_CACHE_DIR:-/tmp/qla-cache}
 export TILELANG_CACHE_DIR=$QLA_CACHE_DIR/tilelang TRITON_CACHE_DIR=$QLA_CACHE_DIR/triton
 export FLASHINFER_WORKSPACE_BASE=$QLA_CACHE_DIR/flashinfer
+# Prebuilt FlashInfer 0.6.9 GDN prefill module (.ci/build-flashinfer-gdn.sh), when carried in .gpuhost/:
+# skips FlashInfer's ~13-minute JIT build on the host.
+_fi_so=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/0.6.9/90a/cached_ops/gdn_prefill_sm90/gdn_prefill_sm90.so
+if [ -f .gpuhost/flashinfer-gdn-sm90.tar.xz ] && [ ! -f "$_fi_so" ]; then
+  mkdir -p "$FLASHINFER_WORKSPACE_BASE" && tar -C "$FLASHINFER_WORKSPACE_BASE" -xJf .gpuhost/flashinfer-gdn-sm90.tar.xz
+fi
+unset _fi_so
