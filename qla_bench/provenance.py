@@ -36,18 +36,29 @@ ENV_FLAGS = (
 CPU_GPU_NAME = "CPU"
 
 
-def library_versions() -> dict[str, str]:
-    out = {}
+@lru_cache(maxsize=1)
+def _library_versions() -> tuple[tuple[str, str], ...]:
+    out = []
     for dist in LIBRARIES:
         try:
-            out[dist] = metadata.version(dist)
+            out.append((dist, metadata.version(dist)))
         except metadata.PackageNotFoundError:
             continue
-    return out
+    return tuple(out)
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries measured (read once per process: every row records them)."""
+    return dict(_library_versions())
 
 
 def env_flags() -> dict[str, str]:
     return {n: os.environ[n] for n in ENV_FLAGS if n in os.environ}
+
+
+def _git(root: Path, *args: str) -> str:
+    out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, check=False)
+    return out.stdout.strip()
 
 
 @lru_cache(maxsize=1)
@@ -57,22 +68,9 @@ def git_sha() -> str:
         return os.environ["QLA_GIT_SHA"]
     root = Path(__file__).resolve().parents[1]
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        sha = out.stdout.strip()
+        sha = _git(root, "rev-parse", "--short=12", "HEAD")
         if sha:
-            dirty = subprocess.run(
-                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-                check=False,
-            ).stdout.strip()
+            dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
             return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
