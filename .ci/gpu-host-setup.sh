@@ -10,6 +10,13 @@ export PYTHONPATH=/tmp/site:/tmp/qla-src:$PWD PYTHONUNBUFFERED=1
 export QLA_CACHE_DIR=${QLA_CACHE_DIR:-/tmp/qla-cache}
 export TILELANG_CACHE_DIR=$QLA_CACHE_DIR/tilelang TRITON_CACHE_DIR=$QLA_CACHE_DIR/triton
 export FLASHINFER_WORKSPACE_BASE=$QLA_CACHE_DIR/flashinfer
+# Triton keeps autotune choices on disk too (FLA autotunes per shape, 20-40 s each on a cold host).
+export TRITON_CACHE_AUTOTUNING=1
+# A cache carried back from an earlier host session (.ci/gpu-host-pack-cache.sh wrote it under $OUT):
+# the host starts bare each session, and TileLang/Triton compiles are most of a cold sweep's time.
+if [ -f .gpuhost/qla-cache.tgz ] && [ ! -f "$QLA_CACHE_DIR/.unpacked" ]; then
+  mkdir -p "$QLA_CACHE_DIR" && tar -C "$QLA_CACHE_DIR" -xzf .gpuhost/qla-cache.tgz && touch "$QLA_CACHE_DIR/.unpacked"
+fi
 # Prebuilt FlashInfer 0.6.9 GDN prefill module (.ci/build-flashinfer-gdn.sh), when carried in .gpuhost/:
 # skips FlashInfer's ~13-minute JIT build on the host.
 _fi_so=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/0.6.9/90a/cached_ops/gdn_prefill_sm90/gdn_prefill_sm90.so

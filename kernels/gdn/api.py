@@ -13,12 +13,21 @@ from typing import NamedTuple
 import torch
 
 from .checks import HEAD_DIM, check_fwd_args, check_kkt_args
-from .plan import CHUNK, ChunkPlan, choose_block_v, plan_fixed, plan_varlen
+from .plan import (
+    BLOCK_V_CHOICES,
+    CHUNK,
+    ChunkPlan,
+    choose_block_v,
+    choose_block_v_ws,
+    choose_fused,
+    plan_fixed,
+    plan_varlen,
+)
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
-# kkt_solve implementations: name -> (kernel version, its program's extra positional arguments). "v2"
-# stays the default until "v3" has passed tests/gpu/test_qla_kkt_v3.py on the H200 (NOTES.md, v3).
+# kkt_solve implementations: name -> (kernel version, its program's extra positional arguments). "v3"
+# is the default since it passed tests/gpu/test_qla_kkt_v3.py on the H200 at half v2's time (NOTES.md).
 KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v2": ("v2", ()),
     "v2-scan": ("v2", (True,)),  # v2 with v3's parallel cumsum: for attributing v3's gain only
@@ -27,7 +36,14 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v3-tf32": ("v3", (False, 6)),  # one tf32 product per block product: timing reference only
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
-DEFAULT_KKT_IMPL = "v2"
+DEFAULT_KKT_IMPL = "v3"
+
+# fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
+# state chain and output path concurrent (fused_fwd_ws.py), "ws-agd" the same with Ag built by the
+# delta warpgroup; "auto" picks per config from the H200 measurements (plan.choose_fused).
+FUSED_IMPLS = ("v2", "ws", "ws-agd", "auto")
+FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
+DEFAULT_FUSED_IMPL = "auto"
 
 
 def resolve_kkt_impl(impl: str | None = None) -> str:
@@ -37,6 +53,25 @@ def resolve_kkt_impl(impl: str | None = None) -> str:
         src = "kkt_impl" if impl is not None else f"${KKT_IMPL_ENV}"
         raise ValueError(f"{src} must be one of {sorted(KKT_IMPLS)}, got {name!r}")
     return name
+
+
+def resolve_fused_impl(impl: str | None = None) -> str:
+    """The fused kernel to launch: the explicit argument, else $QLA_FUSED_IMPL, else the default."""
+    name = impl if impl is not None else os.environ.get(FUSED_IMPL_ENV, "").strip() or DEFAULT_FUSED_IMPL
+    if name not in FUSED_IMPLS:
+        src = "fused_impl" if impl is not None else f"${FUSED_IMPL_ENV}"
+        raise ValueError(f"{src} must be one of {sorted(FUSED_IMPLS)}, got {name!r}")
+    return name
+
+
+def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
+    if impl in ("ws", "ws-agd"):
+        from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
+
+        return fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v, impl == "ws-agd")
+    from .fwd.fused_fwd import fused_fwd_kernel
+
+    return fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v)
 
 
 def _kkt_kernel(impl: str, dt: str):
@@ -88,17 +123,23 @@ def chunk_gated_delta_rule_fwd(
     output_final_state: bool = True,
     state_v_first: bool = False,
     kkt_impl: str | None = None,
+    fused_impl: str | None = None,
+    block_v: int | None = None,
 ) -> FwdOutput:
     """GDN chunked-prefill forward (FLA layout). Returns FwdOutput(o, final_state, g_cumsum, a0).
 
     state_v_first=True reads and writes states as [N,H_v,V,K] instead of [N,H_v,K,V].
-    kkt_impl picks the stage-1 kernel (KKT_IMPLS; default $QLA_KKT_IMPL or "v2").
+    kkt_impl picks the stage-1 kernel (KKT_IMPLS; default $QLA_KKT_IMPL or "v2"), fused_impl the stage-2
+    kernel (FUSED_IMPLS; default $QLA_FUSED_IMPL or DEFAULT_FUSED_IMPL); block_v overrides the planned
+    V-slice width (for measurements).
     """
     shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     impl = resolve_kkt_impl(kkt_impl)
+    fimpl = resolve_fused_impl(fused_impl)
+    if block_v is not None and block_v not in BLOCK_V_CHOICES:
+        raise ValueError(f"block_v must be one of {BLOCK_V_CHOICES}, got {block_v!r}")
     if q.device.type != "cuda":
         raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
-    from .fwd.fused_fwd import fused_fwd_kernel
 
     scale = HEAD_DIM**-0.5 if scale is None else float(scale)
     plan = _plan(q, cu_seqlens)
@@ -117,8 +158,13 @@ def chunk_gated_delta_rule_fwd(
     h0 = initial_state.contiguous() if use_h0 else _dummy_state(h_v, q.device)
     o = torch.empty_like(vf)
     ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
-    block_v = choose_block_v(plan.num_seqs, h_v, _num_sms(q.device))
-    fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v)(
+    if fimpl == "auto":
+        fimpl, planned_bv = choose_fused(plan.num_seqs, h_v, _num_sms(q.device))
+        block_v = planned_bv if block_v is None else block_v
+    if block_v is None:
+        choose = choose_block_v if fimpl == "v2" else choose_block_v_ws
+        block_v = choose(plan.num_seqs, h_v, _num_sms(q.device))
+    _fused_kernel(fimpl, scale, dt, use_h0, state_v_first, block_v)(
         qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht
     )
     return FwdOutput(

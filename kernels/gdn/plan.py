@@ -108,3 +108,33 @@ def choose_block_v(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
     about 0.75 x #SM at BV = 64, splitting V once more (BV = 32) shortens the serial chunk walk more
     than it costs in repeated Q K^T / Gamma work; otherwise BV = 64 wins."""
     return 32 if num_seqs * h_v * 2 < 0.75 * num_sms else 64
+
+
+BLOCK_V_CHOICES = (32, 64, 128)
+
+
+def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132, fill: float = 0.7) -> int:
+    """V-slice width of the warp-specialised fused kernel (one CTA per SM: 186 KiB of shared memory at
+    BV = 128): the widest slice that still gives about fill x #SM CTAs, since a narrower slice repeats
+    the Q K^T, Gamma and A0 work per slice. A first rule, to be refit from H200 measurements."""
+    for bv in (128, 64):
+        if num_seqs * h_v * (128 // bv) >= fill * num_sms:
+            return bv
+    return 32
+
+
+WS_IMPL = "ws"
+
+
+def choose_fused(num_seqs: int, h_v: int, num_sms: int = 132, fill: float = 0.7) -> tuple[str, int]:
+    """(fused kernel, V-slice width) for `auto`, from the H200 measurements in NOTES.md (v4): the
+    warp-specialised kernel wins when the sequence x head pairs fill the GPU at BV = 128 (the
+    throughput regime) and when so few pairs exist that BV = 32 still gives at most one CTA per SM
+    (the latency regime: 8 and 32 pairs measured); in between (2/8 x 8 and 16/64 x 1: 64 pairs) v2
+    was as fast or faster (0.131 vs 0.155 ms, 0.443 vs 0.469 ms)."""
+    pairs = num_seqs * h_v
+    if pairs >= fill * num_sms:
+        return WS_IMPL, 128
+    if pairs * 4 <= num_sms:
+        return WS_IMPL, 32
+    return "v2", choose_block_v(num_seqs, h_v, num_sms)

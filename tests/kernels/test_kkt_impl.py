@@ -3,22 +3,42 @@
 import pytest
 import torch
 
-from qla_kernels.gdn.api import DEFAULT_KKT_IMPL, KKT_IMPLS, chunk_kkt_solve, resolve_kkt_impl
+from qla_kernels.gdn.api import (
+    DEFAULT_FUSED_IMPL,
+    DEFAULT_KKT_IMPL,
+    KKT_IMPLS,
+    chunk_kkt_solve,
+    resolve_fused_impl,
+    resolve_kkt_impl,
+)
 from qla_kernels.gdn.checks import check_kkt_args
 
 
-def test_default_is_v2_until_v3_is_verified(monkeypatch):
+def test_default_is_v3_verified_on_the_h200(monkeypatch):
     monkeypatch.delenv("QLA_KKT_IMPL", raising=False)
-    assert DEFAULT_KKT_IMPL == "v2" and resolve_kkt_impl() == "v2"
+    assert DEFAULT_KKT_IMPL == "v3" and resolve_kkt_impl() == "v3"
     assert {"v2", "v3"} <= set(KKT_IMPLS)
 
 
 def test_env_and_argument(monkeypatch):
-    monkeypatch.setenv("QLA_KKT_IMPL", "v3")
-    assert resolve_kkt_impl() == "v3"
-    assert resolve_kkt_impl("v2") == "v2"  # the explicit argument wins
-    monkeypatch.setenv("QLA_KKT_IMPL", " ")
+    monkeypatch.setenv("QLA_KKT_IMPL", "v2")
     assert resolve_kkt_impl() == "v2"
+    assert resolve_kkt_impl("v3") == "v3"  # the explicit argument wins
+    monkeypatch.setenv("QLA_KKT_IMPL", " ")
+    assert resolve_kkt_impl() == "v3"
+
+
+def test_fused_impl_selection(monkeypatch):
+    monkeypatch.delenv("QLA_FUSED_IMPL", raising=False)
+    assert resolve_fused_impl() == DEFAULT_FUSED_IMPL
+    monkeypatch.setenv("QLA_FUSED_IMPL", "ws")
+    assert resolve_fused_impl() == "ws"
+    assert resolve_fused_impl("v2") == "v2"
+    monkeypatch.setenv("QLA_FUSED_IMPL", "v9")
+    with pytest.raises(ValueError, match=r"\$QLA_FUSED_IMPL must be one of"):
+        resolve_fused_impl()
+    with pytest.raises(ValueError, match="fused_impl must be one of"):
+        resolve_fused_impl("fast")
 
 
 def test_unknown_names_are_errors(monkeypatch):

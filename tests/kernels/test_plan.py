@@ -54,3 +54,16 @@ def test_choose_block_v():
     assert choose_block_v(1, 32) == 32
     assert choose_block_v(1, 64) == 64  # 128 CTAs at BV=64 already fill the GPU
     assert choose_block_v(4, 32) == 64
+
+
+def test_choose_fused_follows_the_h200_measurements():
+    from qla_kernels.gdn.plan import choose_block_v_ws, choose_fused
+
+    assert choose_fused(1, 8) == ("ws", 32)  # 2/8 x 1 long sequence: latency regime
+    assert choose_fused(1, 32) == ("ws", 32)  # 16/32 x 1
+    assert choose_fused(8, 8) == ("v2", 64)  # 2/8 x 8: 64 pairs, v2 measured faster
+    assert choose_fused(1, 64) == ("v2", 64)  # 16/64 x 1
+    assert choose_fused(4, 32) == ("ws", 128)  # 128 pairs fill the GPU at BV = 128
+    assert choose_fused(8, 64) == ("ws", 128)
+    assert choose_fused(1, 64, num_sms=78) == ("ws", 128)  # fewer SMs: 64 pairs already fill it
+    assert [choose_block_v_ws(n, 8) for n in (1, 4, 8, 12)] == [32, 32, 64, 128]

@@ -1,0 +1,270 @@
+"""Stage 2 of the forward, warp-specialised (v4): the same math as fused_fwd.py, split over four
+warpgroups of one CTA per (sequence, value head, V-slice) so the state chain and the output path run
+concurrently instead of one after the other.
+
+Per chunk (design/gdn.md), D = diag(exp(g)), D_r = diag(exp(gamma - g)), Gamma_ij = exp(g_i - g_j), i >= j:
+    W = V - D (K S);  Vnew = (Gamma o A0) diag(beta) W;  O = scale (D Q S + (Gamma o Q K^T) Vnew)
+    S' = exp(gamma) S + K^T (D_r Vnew)
+
+Warpgroups (128 threads each):
+  WG0 state  S [K, BV] fp32 in registers. Publishes bf16(S) to s_sh, then S *= exp(gamma), then
+             S += K^T Vd once WG1 has Vd = D_r Vnew. Only WG0 touches S.
+  WG1 delta  K S -> W = V - D (K S) (over the V stage buffer) -> Vnew = Ag W -> Vd for WG0 first
+             (the state chain is the critical path), then Vnew for WG2.
+  WG2 output P = Q K^T, Ag = Gamma o A0 o beta (over the A0 stage buffer, handed to WG1),
+             Pg = scale Gamma o P, O = scale D (Q S) + Pg Vnew, stored straight from registers.
+  WG3 loads  one warp: TMA tiles of q, k (shared by the GVA group), v slice, A0; g and beta as scalars
+             (clamped to the sequence's last token, so gamma is right on a ragged tail).
+Critical path per chunk: s_sh -> K S (WG1) -> Ag W (WG1) -> K^T Vd (WG0); everything else overlaps it.
+
+Hand-offs are mbarriers (parity = chunk % 2; the two input stages use (chunk // 2) % 2). Buffers
+reused across chunks are protected by program order: WG1 writes vd/vn for chunk c+1 only after
+s_ready(c+1) (WG0 is done with vd(c)) and ag_ready(c+1) (WG2 is done with vn(c)); WG0 overwrites s_sh
+only after qs_done(c) (WG2's Q S read) and vd_ready(c) (WG1's K S read precedes it).
+
+Ragged tails load full tiles like fused_fwd.py: rows past a sequence's end hold the next sequence's
+tokens (or TMA's zero fill past the tensor), which only reach invalid rows (Ag and Pg are lower
+triangular), add nothing to S (D_r = 0 there) and are never stored.
+"""
+
+import tilelang
+import tilelang.language as T
+
+CHUNK = 64
+LOG2E = 1.4426950408889634
+WG = 128
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+# Register budgets per warpgroup (setmaxnreg). setmaxnreg.inc below the count the kernel was compiled
+# with (ptxas: up to 128 at 512 threads) is an illegal instruction on the H200 (seen at BV = 64 with 120),
+# so every consumer asks for at least 128; the sum times 128 threads must fit the 64 K register file.
+NREG_STATE = 168
+NREG_DELTA = 152
+NREG_OUT = 160
+NREG_LOAD = 24
+
+
+def fused_fwd_ws_program(
+    dk: int,
+    dv: int,
+    scale: float,
+    dtype: str,
+    use_initial_state: bool,
+    state_v_first: bool = False,
+    block_v: int = 128,
+    ag_in_delta: bool = False,
+):
+    """TileLang program, same signature and outputs as fused_fwd.fused_fwd_program.
+
+    ag_in_delta: WG1 builds Ag itself (between its chunks, while WG0 finishes the state update) instead
+    of taking it from WG2, whose turn between two chunks (P Vnew, the O store, Q K^T, Gamma) is longer
+    than WG1's; WG2 then only signals when it is done reading Vnew (vn_free).
+    """
+    C = CHUNK
+    assert dv % block_v == 0 and block_v in (32, 64, 128)
+    assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nv = dv // block_v
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs")
+    nh0 = T.dynamic("num_h0")
+    acc = "float32"
+    st_shape = (ns, h_v, dv, dk) if state_v_first else (ns, h_v, dk, dv)
+    h0_shape = (nh0, h_v, dv, dk) if state_v_first else (nh0, h_v, dk, dv)
+
+    @T.prim_func
+    def fused_fwd_ws(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        h0: T.Tensor(h0_shape, acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        o: T.Tensor((1, nt, h_v, dv), dtype),
+        ht: T.Tensor(st_shape, acc),
+    ):
+        with T.Kernel(ns * h_v * nv, threads=4 * WG) as (bid,):
+            seq = bid // (h_v * nv)
+            bh = (bid // nv) % h_v
+            v0 = (bid % nv) * block_v
+            bhg = bh // (h_v // h_qk)
+            start = cu_seqlens[seq]
+            end = cu_seqlens[seq + 1]
+            n_chunks = T.ceildiv(end - start, C)
+
+            # two input stages
+            q_sh = T.alloc_shared((2, C, dk), dtype)
+            k_sh = T.alloc_shared((2, C, dk), dtype)
+            v_sh = T.alloc_shared((2, C, block_v), dtype)  # V, then W in place (WG1)
+            a_sh = T.alloc_shared((2, C, C), dtype)  # A0, then Ag in place (WG2)
+            g_sh = T.alloc_shared((2, C), acc)
+            b_sh = T.alloc_shared((2, C), acc)
+            # hand-off buffers
+            s_sh = T.alloc_shared((dk, block_v), dtype)
+            vd_sh = T.alloc_shared((C, block_v), dtype)
+            vn_sh = T.alloc_shared((C, block_v), dtype)
+            p_sh = T.alloc_shared((C, C), dtype)
+            # warpgroup-private gate exponentials
+            # (per stage: a fast thread writing chunk c+1's values never races a slow one reading chunk c's)
+            d1_sh = T.alloc_shared((2, C), acc)
+            dr1_sh = T.alloc_shared((2, C), acc)
+            d2_sh = T.alloc_shared((2, C), acc)
+
+            full = T.alloc_barrier(arrive_count=[32, 32])
+            empty = T.alloc_barrier(arrive_count=[3 * WG, 3 * WG])
+            s_ready = T.alloc_barrier(arrive_count=WG)
+            qs_done = T.alloc_barrier(arrive_count=WG)
+            ag_ready = T.alloc_barrier(arrive_count=WG)
+            vd_ready = T.alloc_barrier(arrive_count=WG)
+            vn_ready = T.alloc_barrier(arrive_count=WG)
+            vn_free = T.alloc_barrier(arrive_count=WG)
+
+            tx = T.get_thread_binding()
+
+            if tx < WG:
+                # ---- WG0: the state ----
+                T.set_max_nreg(NREG_STATE, 1)
+                s = T.alloc_fragment((dk, block_v), acc)
+                gam = T.alloc_local((1,), acc)
+                if use_initial_state:
+                    for i, j in T.Parallel(dk, block_v):
+                        if state_v_first:
+                            s[i, j] = h0[seq, bh, v0 + j, i]
+                        else:
+                            s[i, j] = h0[seq, bh, i, v0 + j]
+                else:
+                    T.clear(s)
+                for c in T.serial(n_chunks):
+                    st = c % 2
+                    if c > 0:
+                        T.barrier_wait(qs_done, (c + 1) % 2)
+                    T.copy(s, s_sh)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(s_ready)
+                    T.barrier_wait(full[st], (c // 2) % 2)
+                    gam[0] = T.exp2(g_sh[st, C - 1] * LOG2E)
+                    for i, j in T.Parallel(dk, block_v):
+                        s[i, j] = s[i, j] * gam[0]
+                    T.barrier_wait(vd_ready, c % 2)
+                    T.gemm(k_sh[st, :, :], vd_sh, s, transpose_A=True)
+                    T.barrier_arrive(empty[st])
+                for i, j in T.Parallel(dk, block_v):
+                    if state_v_first:
+                        ht[seq, bh, v0 + j, i] = s[i, j]
+                    else:
+                        ht[seq, bh, i, v0 + j] = s[i, j]
+
+            elif tx < 2 * WG:
+                # ---- WG1: K S -> W -> Vnew -> Vd ----
+                T.set_max_nreg(NREG_DELTA, 1)
+                u = T.alloc_fragment((C, block_v), acc)  # K S, then Vnew (one accumulator: registers)
+                for c in T.serial(n_chunks):
+                    st = c % 2
+                    t0 = start + c * C
+                    T.barrier_wait(full[st], (c // 2) % 2)
+                    for i in T.Parallel(C):
+                        d1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
+                        dr1_sh[st, i] = T.if_then_else(
+                            t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
+                        )
+                    if ag_in_delta:
+                        for i, j in T.Parallel(C, C):
+                            a_sh[st, i, j] = T.cast(
+                                T.if_then_else(
+                                    i >= j,
+                                    T.cast(a_sh[st, i, j], acc) * T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E),
+                                    0.0,
+                                )
+                                * b_sh[st, j],
+                                dtype,
+                            )
+                        T.fence_proxy_async()
+                    T.sync_threads(1, WG)
+                    T.barrier_wait(s_ready, c % 2)
+                    T.gemm(k_sh[st, :, :], s_sh, u, clear_accum=True)
+                    for i, j in T.Parallel(C, block_v):
+                        v_sh[st, i, j] = T.cast(T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j], dtype)
+                    T.fence_proxy_async()
+                    T.sync_threads(1, WG)
+                    if not ag_in_delta:
+                        T.barrier_wait(ag_ready, c % 2)
+                    T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
+                    for i, j in T.Parallel(C, block_v):
+                        vd_sh[i, j] = T.cast(u[i, j] * dr1_sh[st, i], dtype)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vd_ready)
+                    if ag_in_delta and c > 0:
+                        T.barrier_wait(vn_free, (c + 1) % 2)
+                    T.copy(u, vn_sh)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vn_ready)
+                    T.barrier_arrive(empty[st])
+
+            elif tx < 3 * WG:
+                # ---- WG2: P, Ag, O ----
+                T.set_max_nreg(NREG_OUT, 1)
+                p = T.alloc_fragment((C, C), acc)
+                gm = T.alloc_fragment((C, C), acc)
+                ob = T.alloc_fragment((C, block_v), acc)
+                for c in T.serial(n_chunks):
+                    st = c % 2
+                    t0 = start + c * C
+                    T.barrier_wait(full[st], (c // 2) % 2)
+                    T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, C):
+                        gm[i, j] = T.if_then_else(i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0)
+                    if not ag_in_delta:
+                        for i, j in T.Parallel(C, C):
+                            a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(ag_ready)
+                    for i in T.Parallel(C):
+                        d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
+                    for i, j in T.Parallel(C, C):
+                        p_sh[i, j] = T.cast(p[i, j] * gm[i, j] * scale, dtype)
+                    T.fence_proxy_async()
+                    T.sync_threads(2, WG)
+                    T.barrier_wait(s_ready, c % 2)
+                    T.gemm(q_sh[st, :, :], s_sh, ob, clear_accum=True)
+                    T.barrier_arrive(qs_done)
+                    for i, j in T.Parallel(C, block_v):
+                        ob[i, j] = ob[i, j] * d2_sh[st, i]
+                    T.barrier_wait(vn_ready, c % 2)
+                    T.gemm(p_sh, vn_sh, ob)
+                    if ag_in_delta:
+                        T.barrier_arrive(vn_free)
+                    T.barrier_arrive(empty[st])
+                    if t0 + C <= end:
+                        for i, j in T.Parallel(C, block_v):
+                            o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
+                    else:
+                        for i, j in T.Parallel(C, block_v):
+                            if t0 + i < end:
+                                o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
+
+            else:
+                # ---- WG3: loads (one warp) ----
+                T.set_max_nreg(NREG_LOAD, 0)
+                if tx < 3 * WG + 32:
+                    for c in T.serial(n_chunks):
+                        st = c % 2
+                        t0 = start + c * C
+                        if c >= 2:
+                            T.barrier_wait(empty[st], (c // 2 + 1) % 2)
+                        T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh[st, :, :], barrier=full[st])
+                        T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh[st, :, :], barrier=full[st])
+                        T.tma_copy(v[0, t0 : t0 + C, bh, v0 : v0 + block_v], v_sh[st, :, :], barrier=full[st])
+                        T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
+                        for i in T.Parallel(C):
+                            g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                            b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
+                        T.barrier_arrive(full[st])
+
+    return fused_fwd_ws
+
+
+fused_fwd_ws_kernel = tilelang.jit(fused_fwd_ws_program, pass_configs=PASS_CONFIGS)

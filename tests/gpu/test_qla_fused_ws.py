@@ -1,0 +1,128 @@
+"""The warp-specialised fused kernel (fused_impl="ws") on the H200: correctness, then timings.
+
+    source .ci/gpu-host-setup.sh; python -m pytest tests/gpu/test_qla_fused_ws.py -q -s -rfE
+
+1. every forward case of test_qla_fwd.py with fused_impl="ws" and "ws-agd" at BV = 128 (and BV = 64, 32
+   on the bf16 cases with an initial state) against the float64 reference: o and state <= 5e-3, each head
+   <= 1e-2, and within 5e-3 of the v2 kernel's output;
+2. timings (CUDA events, L2 flushed before every call, median of 30) of the whole forward with the v2
+   fused kernel (its own BV rule), "auto", and each ws variant at each BV, on few- and many-CTA configs; printed
+   and written to $OUT/fused_ws_timing.json. Not an assertion on speed: it is what NOTES.md (v4) and
+   plan.choose_block_v_ws are fitted from.
+"""
+
+import json
+import os
+import statistics
+import zlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from gpu.test_qla_fwd import CASES, TOL, make_inputs, rel_l2  # noqa: E402
+
+from qla_bench.reference import chunk_gated_delta_rule_ref  # noqa: E402
+from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
+from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd  # noqa: E402
+
+BV_ALL = (128, 64, 32)
+# which warp-specialised variants the correctness part checks ($QLA_WS_TEST_IMPLS, comma list)
+WS_IMPLS = tuple(os.environ.get("QLA_WS_TEST_IMPLS", "ws,ws-agd").split(","))
+
+
+def _params():
+    for impl in WS_IMPLS:
+        for name, (_, _, _, _, _, dtype, h0) in CASES.items():
+            for bv in BV_ALL if (dtype == torch.bfloat16 and h0) else (128,):
+                yield impl, name, bv
+
+
+def _case(name):
+    b, t, h_qk, h_v, cu_list, dtype, h0 = CASES[name]
+    n = b if cu_list is None else len(cu_list) - 1
+    seed = zlib.crc32(name.encode()) % 1000
+    (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, dtype, seed=seed, h0=h0, n=n)
+    cu = None if cu_list is None else torch.tensor(cu_list, dtype=torch.int32, device="cuda")
+    return q, k, v, g, beta, s0, cu
+
+
+@pytest.mark.parametrize(("impl", "name", "bv"), list(_params()))
+def test_ws_matches_reference_and_v2(impl, name, bv):
+    q, k, v, g, beta, s0, cu = _case(name)
+    ref_o, ref_s = chunk_gated_delta_rule_ref(
+        q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), initial_state=None if s0 is None else s0.cpu(),
+        output_final_state=True, cu_seqlens=None if cu is None else cu.cpu(),
+    )
+    ws = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl=impl, block_v=bv)
+    v2 = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl="v2")
+    torch.cuda.synchronize()
+    assert torch.isfinite(ws.o).all() and torch.isfinite(ws.final_state).all()
+    h_v = v.shape[2]
+    eo, es = rel_l2(ws.o, ref_o), rel_l2(ws.final_state, ref_s)
+    worst = max(rel_l2(ws.o[:, :, h], ref_o[:, :, h]) for h in range(h_v))
+    d_o, d_s = rel_l2(ws.o, v2.o), rel_l2(ws.final_state, v2.final_state)
+    print(f"\n[{impl}] {name} bv={bv}: o={eo:.2e} state={es:.2e} worst_head_o={worst:.2e} | vs v2 o={d_o:.1e} "
+          f"state={d_s:.1e} | v2 o={rel_l2(v2.o, ref_o):.2e}")
+    assert eo <= TOL and es <= TOL, (eo, es)
+    assert worst <= 2 * TOL, worst
+    assert d_o < 5e-3 and d_s < 5e-3, (d_o, d_s)
+
+
+def test_ws_state_v_first_is_the_transpose():
+    (q, k, v, g, beta), s0 = make_inputs(1, 200, 2, 4, seed=7, n=2)
+    cu = torch.tensor([0, 77, 200], dtype=torch.int32, device="cuda")
+    a = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl="ws")
+    bt = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0.transpose(-1, -2).contiguous(),
+                                    cu_seqlens=cu, state_v_first=True, fused_impl="ws")
+    assert rel_l2(bt.o, a.o) < 1e-6
+    assert rel_l2(bt.final_state.transpose(-1, -2), a.final_state) < 1e-6
+
+
+TIMING = [
+    # (h_qk, h_v, sequence lengths)
+    (2, 8, [32768]),
+    (2, 8, [1024] * 8),
+    (16, 32, [32768]),
+    (16, 32, [8192] * 4),
+    (16, 64, [4096]),
+    (16, 64, [32768]),
+    (16, 64, [8192] * 4),
+    (16, 64, [1024] * 8),
+]
+
+
+def _median_ms(fn, flusher, reps=30):
+    return statistics.median(time_cuda_events(fn, reps, flusher).samples_ms)
+
+
+def test_time_fused_variants():
+    flusher = L2Flusher(torch.device("cuda"))
+    rows = []
+    for h_qk, h_v, lens in TIMING:
+        total = sum(lens)
+        (q, k, v, g, beta), s0 = make_inputs(1, total, h_qk, h_v, seed=0, n=len(lens))
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        row = {"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}"}
+        args = (q, k, v, g, beta)
+
+        def fwd(args=args, s0=s0, cu=cu, **kw):
+            return lambda: chunk_gated_delta_rule_fwd(*args, initial_state=s0, cu_seqlens=cu, **kw)
+
+        row["v2"] = _median_ms(fwd(fused_impl="v2"), flusher)
+        row["auto"] = _median_ms(fwd(fused_impl="auto"), flusher)
+        for impl in ("ws", "ws-agd"):
+            for bv in BV_ALL:
+                row[f"{impl}_bv{bv}"] = _median_ms(fwd(fused_impl=impl, block_v=bv), flusher)
+        rows.append(row)
+        print(f"[ws-timing] {h_qk}/{h_v} {row['seqs']}: " + " ".join(
+            f"{c}={row[c]:.4f}" for c in row if c not in ("h_qk", "h_v", "seqs")), flush=True)
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "fused_ws_timing.json"), "w") as fh:
+        json.dump({"timer": "cuda-events, L2 flushed, median of 30, whole forward (kkt + fused)",
+                   "device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
