@@ -39,9 +39,9 @@ KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v3"
 
 # fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
-# state chain and output path concurrent (fused_fwd_ws.py), "ws-agd" the same with Ag built by the
-# delta warpgroup; "auto" picks per config from the H200 measurements (plan.choose_fused).
-FUSED_IMPLS = ("v2", "ws", "ws-agd", "auto")
+# state chain and output path concurrent (fused_fwd_ws.py); "auto" picks per config from the H200
+# measurements (plan.choose_fused).
+FUSED_IMPLS = ("v2", "ws", "auto")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
 
@@ -65,10 +65,10 @@ def resolve_fused_impl(impl: str | None = None) -> str:
 
 
 def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
-    if impl in ("ws", "ws-agd"):
+    if impl == "ws":
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
-        return fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v, impl == "ws-agd")
+        return fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v)
     from .fwd.fused_fwd import fused_fwd_kernel
 
     return fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v)

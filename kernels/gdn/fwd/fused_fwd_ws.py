@@ -45,6 +45,18 @@ NREG_OUT = 160
 NREG_LOAD = 24
 
 
+# Phases timed per consumer warpgroup by the profile build (clock64 cycles of the warpgroup's first
+# thread, summed over the chunks), in program order.
+PHASES = (
+    ("wait qs_done", "S -> s_sh", "wait full", "S *= exp(gamma)", "wait vd_ready", "gemm K^T Vd", "arrive empty"),
+    ("wait full", "d, d_r", "wait s_ready", "gemm K S", "W (rmw v_sh)", "wait ag_ready", "gemm Ag W",
+     "Vd -> vd_sh", "Vnew -> vn_sh"),
+    ("wait full", "gemm Q K^T", "Gamma, Ag -> a_sh", "d, Pg -> p_sh", "wait s_ready", "gemm Q S", "O *= d",
+     "wait vn_ready", "gemm Pg Vnew", "O store"),
+)
+NUM_PHASES = max(len(p) for p in PHASES)
+
+
 def fused_fwd_ws_program(
     dk: int,
     dv: int,
@@ -53,13 +65,12 @@ def fused_fwd_ws_program(
     use_initial_state: bool,
     state_v_first: bool = False,
     block_v: int = 128,
-    ag_in_delta: bool = False,
+    profile: bool = False,
 ):
     """TileLang program, same signature and outputs as fused_fwd.fused_fwd_program.
 
-    ag_in_delta: WG1 builds Ag itself (between its chunks, while WG0 finishes the state update) instead
-    of taking it from WG2, whose turn between two chunks (P Vnew, the O store, Q K^T, Gamma) is longer
-    than WG1's; WG2 then only signals when it is done reading Vnew (vn_free).
+    profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
+    where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
     C = CHUNK
     assert dv % block_v == 0 and block_v in (32, 64, 128)
@@ -74,19 +85,16 @@ def fused_fwd_ws_program(
     st_shape = (ns, h_v, dv, dk) if state_v_first else (ns, h_v, dk, dv)
     h0_shape = (nh0, h_v, dv, dk) if state_v_first else (nh0, h_v, dk, dv)
 
-    @T.prim_func
-    def fused_fwd_ws(
-        q: T.Tensor((1, nt, h_qk, dk), dtype),
-        k: T.Tensor((1, nt, h_qk, dk), dtype),
-        v: T.Tensor((1, nt, h_v, dv), dtype),
-        g_cumsum: T.Tensor((1, nt, h_v), acc),
-        beta: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, C), dtype),
-        h0: T.Tensor(h0_shape, acc),
-        cu_seqlens: T.Tensor((ns + 1,), "int32"),
-        o: T.Tensor((1, nt, h_v, dv), dtype),
-        ht: T.Tensor(st_shape, acc),
-    ):
+    @T.macro
+    def tick(clk, spent, phase):
+        """End of a phase: add the cycles since the last tick to spent[phase] (profile builds only)."""
+        if profile:
+            now = T.call_extern("int64", "clock64")
+            spent[phase] = spent[phase] + (now - clk[0])
+            clk[0] = now
+
+    @T.macro
+    def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof):
         with T.Kernel(ns * h_v * nv, threads=4 * WG) as (bid,):
             seq = bid // (h_v * nv)
             bh = (bid // nv) % h_v
@@ -121,7 +129,13 @@ def fused_fwd_ws_program(
             ag_ready = T.alloc_barrier(arrive_count=WG)
             vd_ready = T.alloc_barrier(arrive_count=WG)
             vn_ready = T.alloc_barrier(arrive_count=WG)
-            vn_free = T.alloc_barrier(arrive_count=WG)
+
+            clk = T.alloc_local((1,), "int64")
+            spent = T.alloc_local((NUM_PHASES,), "int64")
+            if profile:
+                for i in T.serial(NUM_PHASES):
+                    spent[i] = 0
+                clk[0] = T.call_extern("int64", "clock64")
 
             tx = T.get_thread_binding()
 
@@ -140,23 +154,35 @@ def fused_fwd_ws_program(
                     T.clear(s)
                 for c in T.serial(n_chunks):
                     st = c % 2
+                    if profile:
+                        clk[0] = T.call_extern("int64", "clock64")
                     if c > 0:
                         T.barrier_wait(qs_done, (c + 1) % 2)
+                    tick(clk, spent, 0)
                     T.copy(s, s_sh)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
+                    tick(clk, spent, 1)
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    tick(clk, spent, 2)
                     gam[0] = T.exp2(g_sh[st, C - 1] * LOG2E)
                     for i, j in T.Parallel(dk, block_v):
                         s[i, j] = s[i, j] * gam[0]
+                    tick(clk, spent, 3)
                     T.barrier_wait(vd_ready, c % 2)
+                    tick(clk, spent, 4)
                     T.gemm(k_sh[st, :, :], vd_sh, s, transpose_A=True)
+                    tick(clk, spent, 5)
                     T.barrier_arrive(empty[st])
+                    tick(clk, spent, 6)
                 for i, j in T.Parallel(dk, block_v):
                     if state_v_first:
                         ht[seq, bh, v0 + j, i] = s[i, j]
                     else:
                         ht[seq, bh, i, v0 + j] = s[i, j]
+                if profile and tx == 0:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 0, i] = spent[i]
 
             elif tx < 2 * WG:
                 # ---- WG1: K S -> W -> Vnew -> Vd ----
@@ -165,44 +191,43 @@ def fused_fwd_ws_program(
                 for c in T.serial(n_chunks):
                     st = c % 2
                     t0 = start + c * C
+                    if profile:
+                        clk[0] = T.call_extern("int64", "clock64")
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    tick(clk, spent, 0)
                     for i in T.Parallel(C):
                         d1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
                         dr1_sh[st, i] = T.if_then_else(
                             t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
                         )
-                    if ag_in_delta:
-                        for i, j in T.Parallel(C, C):
-                            a_sh[st, i, j] = T.cast(
-                                T.if_then_else(
-                                    i >= j,
-                                    T.cast(a_sh[st, i, j], acc) * T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E),
-                                    0.0,
-                                )
-                                * b_sh[st, j],
-                                dtype,
-                            )
-                        T.fence_proxy_async()
                     T.sync_threads(1, WG)
+                    tick(clk, spent, 1)
                     T.barrier_wait(s_ready, c % 2)
+                    tick(clk, spent, 2)
                     T.gemm(k_sh[st, :, :], s_sh, u, clear_accum=True)
+                    tick(clk, spent, 3)
                     for i, j in T.Parallel(C, block_v):
                         v_sh[st, i, j] = T.cast(T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j], dtype)
                     T.fence_proxy_async()
                     T.sync_threads(1, WG)
-                    if not ag_in_delta:
-                        T.barrier_wait(ag_ready, c % 2)
+                    tick(clk, spent, 4)
+                    T.barrier_wait(ag_ready, c % 2)
+                    tick(clk, spent, 5)
                     T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
+                    tick(clk, spent, 6)
                     for i, j in T.Parallel(C, block_v):
                         vd_sh[i, j] = T.cast(u[i, j] * dr1_sh[st, i], dtype)
                     T.fence_proxy_async()
                     T.barrier_arrive(vd_ready)
-                    if ag_in_delta and c > 0:
-                        T.barrier_wait(vn_free, (c + 1) % 2)
+                    tick(clk, spent, 7)
                     T.copy(u, vn_sh)
                     T.fence_proxy_async()
                     T.barrier_arrive(vn_ready)
                     T.barrier_arrive(empty[st])
+                    tick(clk, spent, 8)
+                if profile and tx == WG:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 1, i] = spent[i]
 
             elif tx < 3 * WG:
                 # ---- WG2: P, Ag, O ----
@@ -213,31 +238,39 @@ def fused_fwd_ws_program(
                 for c in T.serial(n_chunks):
                     st = c % 2
                     t0 = start + c * C
+                    if profile:
+                        clk[0] = T.call_extern("int64", "clock64")
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    tick(clk, spent, 0)
                     T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                    tick(clk, spent, 1)
                     for i, j in T.Parallel(C, C):
                         gm[i, j] = T.if_then_else(i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0)
-                    if not ag_in_delta:
-                        for i, j in T.Parallel(C, C):
-                            a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(ag_ready)
+                    for i, j in T.Parallel(C, C):
+                        a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(ag_ready)
+                    tick(clk, spent, 2)
                     for i in T.Parallel(C):
                         d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
                     for i, j in T.Parallel(C, C):
                         p_sh[i, j] = T.cast(p[i, j] * gm[i, j] * scale, dtype)
                     T.fence_proxy_async()
                     T.sync_threads(2, WG)
+                    tick(clk, spent, 3)
                     T.barrier_wait(s_ready, c % 2)
+                    tick(clk, spent, 4)
                     T.gemm(q_sh[st, :, :], s_sh, ob, clear_accum=True)
                     T.barrier_arrive(qs_done)
+                    tick(clk, spent, 5)
                     for i, j in T.Parallel(C, block_v):
                         ob[i, j] = ob[i, j] * d2_sh[st, i]
+                    tick(clk, spent, 6)
                     T.barrier_wait(vn_ready, c % 2)
+                    tick(clk, spent, 7)
                     T.gemm(p_sh, vn_sh, ob)
-                    if ag_in_delta:
-                        T.barrier_arrive(vn_free)
                     T.barrier_arrive(empty[st])
+                    tick(clk, spent, 8)
                     if t0 + C <= end:
                         for i, j in T.Parallel(C, block_v):
                             o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
@@ -245,6 +278,10 @@ def fused_fwd_ws_program(
                         for i, j in T.Parallel(C, block_v):
                             if t0 + i < end:
                                 o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
+                    tick(clk, spent, 9)
+                if profile and tx == 2 * WG:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 2, i] = spent[i]
 
             else:
                 # ---- WG3: loads (one warp) ----
@@ -263,6 +300,41 @@ def fused_fwd_ws_program(
                             g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                             b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
                         T.barrier_arrive(full[st])
+
+    if profile:
+
+        @T.prim_func
+        def fused_fwd_ws_profile(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            h0: T.Tensor(h0_shape, acc),
+            cu_seqlens: T.Tensor((ns + 1,), "int32"),
+            o: T.Tensor((1, nt, h_v, dv), dtype),
+            ht: T.Tensor(st_shape, acc),
+            prof: T.Tensor((ns * h_v * nv, 3, NUM_PHASES), "int64"),
+        ):
+            kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof)
+
+        return fused_fwd_ws_profile
+
+    @T.prim_func
+    def fused_fwd_ws(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        h0: T.Tensor(h0_shape, acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        o: T.Tensor((1, nt, h_v, dv), dtype),
+        ht: T.Tensor(st_shape, acc),
+    ):
+        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None)
 
     return fused_fwd_ws
 
