@@ -34,14 +34,16 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v3": ("v3", (True, 6)),  # 3xTF32 products, 6 CTAs/SM (80 registers)
     "v3-mb0": ("v3", (True, 0)),  # v3 without the register cap (93 registers, 5 CTAs/SM)
     "v3-tf32": ("v3", (False, 6)),  # one tf32 product per block product: timing reference only
+    "v3h": ("v3", (True, 6, False, True)),  # v3 with the CTA's indices computed once (prepared, NOTES.md v5)
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v3"
 
 # fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
-# state chain and output path concurrent (fused_fwd_ws.py); "auto" picks per config from the H200
-# measurements (plan.choose_fused).
-FUSED_IMPLS = ("v2", "ws", "auto")
+# state chain and output path concurrent (fused_fwd_ws.py, rev 4, measured); "ws5" its rev 5 (codegen
+# fixes found by the profile build; prepared, not yet run on a GPU); "auto" picks per config from the
+# H200 measurements (plan.choose_fused).
+FUSED_IMPLS = ("v2", "ws", "ws5", "auto")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
 
@@ -65,10 +67,11 @@ def resolve_fused_impl(impl: str | None = None) -> str:
 
 
 def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
-    if impl == "ws":
+    if impl in ("ws", "ws5"):
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
-        return fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v)
+        rev = 5 if impl == "ws5" else 4
+        return fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v, False, rev)
     from .fwd.fused_fwd import fused_fwd_kernel
 
     return fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v)
@@ -162,7 +165,7 @@ def chunk_gated_delta_rule_fwd(
         fimpl, planned_bv = choose_fused(plan.num_seqs, h_v, _num_sms(q.device))
         block_v = planned_bv if block_v is None else block_v
     if block_v is None:
-        choose = choose_block_v if fimpl == "v2" else choose_block_v_ws
+        choose = choose_block_v if fimpl == "v2" else choose_block_v_ws  # ws and ws5 share the rule
         block_v = choose(plan.num_seqs, h_v, _num_sms(q.device))
     _fused_kernel(fimpl, scale, dt, use_h0, state_v_first, block_v)(
         qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht

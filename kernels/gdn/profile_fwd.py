@@ -25,8 +25,10 @@ def profile_fused_ws(
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     block_v: int,
+    rev: int = 4,
 ) -> dict[str, dict[str, float]]:
-    """{warpgroup: {phase: mean cycles per chunk}} for one launch of the ws kernel at V-slice block_v."""
+    """{warpgroup: {phase: mean cycles per chunk}} for one launch of the ws kernel (revision rev) at
+    V-slice block_v."""
     from .fwd.fused_fwd_ws import PHASES, fused_fwd_ws_kernel
 
     shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False)
@@ -46,7 +48,7 @@ def profile_fused_ws(
     ctas = plan.num_seqs * h_v * (HEAD_DIM // block_v)
     prof = torch.zeros(ctas, 3, max(len(p) for p in PHASES), dtype=torch.int64, device=q.device)
     kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, HEAD_DIM**-0.5, _TL_DTYPE[q.dtype], use_h0, False, block_v,
-                                 True)
+                                 True, rev)
     kernel(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht, prof)
     torch.cuda.synchronize()
     chunks = sum((e - s + CHUNK - 1) // CHUNK for s, e in zip(plan.cu_host[:-1], plan.cu_host[1:]))

@@ -2,7 +2,7 @@
 
     source .ci/gpu-host-setup.sh; python -m pytest tests/gpu/test_qla_fused_ws.py -q -s -rfE
 
-1. every forward case of test_qla_fwd.py with fused_impl="ws" at BV = 128 (and BV = 64, 32 on the bf16
+1. every forward case of test_qla_fwd.py with fused_impl="ws" and "ws5" at BV = 128 (and BV = 64, 32 on the bf16
    cases with an initial state) against the float64 reference: o and state <= 5e-3, each head
    <= 1e-2, and within 5e-3 of the v2 kernel's output;
 2. timings (CUDA events, L2 flushed before every call, median of 30) of the whole forward with the v2
@@ -31,7 +31,7 @@ from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
 from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd  # noqa: E402
 
 BV_ALL = (128, 64, 32)
-WS_IMPLS = ("ws",)
+WS_IMPLS = ("ws", "ws5")
 
 
 def _params():
@@ -128,10 +128,11 @@ def test_time_fused_variants():
 
 
 PROFILE = [
-    # (h_qk, h_v, sequence lengths, BV)
-    (2, 8, [32768], 32),
-    (2, 8, [32768], 128),
-    (16, 64, [8192] * 4, 128),
+    # (h_qk, h_v, sequence lengths, BV, kernel revision)
+    (2, 8, [32768], 32, 4),
+    (16, 64, [8192] * 4, 128, 4),
+    (2, 8, [32768], 32, 5),
+    (16, 64, [8192] * 4, 128, 5),
 ]
 
 
@@ -140,13 +141,14 @@ def test_profile_phases():
     from qla_kernels.gdn.profile_fwd import profile_fused_ws
 
     out = []
-    for h_qk, h_v, lens, bv in PROFILE:
+    for h_qk, h_v, lens, bv, rev in PROFILE:
         (q, k, v, g, beta), s0 = make_inputs(1, sum(lens), h_qk, h_v, seed=0, n=len(lens))
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        phases = profile_fused_ws(q, k, v, g, beta, s0, cu, bv)
-        out.append({"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}", "block_v": bv, "cycles": phases})
+        phases = profile_fused_ws(q, k, v, g, beta, s0, cu, bv, rev)
+        out.append({"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}", "block_v": bv, "rev": rev,
+                    "cycles": phases})
         for wg, ph in phases.items():
-            print(f"[ws-phases] {h_qk}/{h_v} {lens[0]}x{len(lens)} bv={bv} {wg}: "
+            print(f"[ws-phases] {h_qk}/{h_v} {lens[0]}x{len(lens)} bv={bv} rev={rev} {wg}: "
                   + ", ".join(f"{n}={c:.0f}" for n, c in ph.items()), flush=True)
         assert all(c >= 0 for ph in phases.values() for c in ph.values())
     out_dir = os.environ.get("OUT") or "out"

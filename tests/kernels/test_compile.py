@@ -60,3 +60,29 @@ def test_kkt_solve_v3_compiles(dtype, precise, min_blocks):
     if min_blocks:
         assert f"__launch_bounds__(128, {min_blocks})" in rep.source
         assert rep.registers <= 65536 // (128 * min_blocks), rep.line()
+
+
+@pytest.mark.parametrize(
+    ("rev", "block_v", "profile"),
+    [(4, 128, False), (5, 128, False), (5, 64, False), (5, 32, False), (5, 128, True)],
+)
+def test_fused_fwd_ws_compiles(rev, block_v, profile):
+    from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
+
+    prog = fused_fwd_ws_program(128, 128, 128**-0.5, "bfloat16", True, False, block_v, profile, rev)
+    rep = build_sm90a(prog, PASS_CONFIGS)
+    assert "wgmma" in rep.source and "warpgroup_reg_alloc" in rep.source, "expected the warp-specialised form"
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    if rev >= 5:
+        assert "tma_store" in rep.source, "rev 5 stores O with TMA"
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    if profile:
+        assert "clock64" in rep.source
+
+
+def test_kkt_solve_v3_hoisted_compiles():
+    from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program
+
+    rep = build_sm90a(kkt_solve_v3_program(128, "bfloat16", True, 6, hoist_index=True), PASS_CONFIGS)
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert rep.registers <= 65536 // (128 * 6), rep.line()

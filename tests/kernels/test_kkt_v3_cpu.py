@@ -39,11 +39,16 @@ CASES = [
 @pytest.fixture(scope="module")
 def kernels():
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    return {
+    built = {
         precise: tilelang.compile(kkt_solve_v3_program(128, "float32", precise, cpu_debug=True), target="c",
                                   pass_configs=cfg)
         for precise in (True, False)
     }
+    # v3h: the same program with the CTA's indices computed once (hoist_index)
+    built["hoist"] = tilelang.compile(
+        kkt_solve_v3_program(128, "float32", True, cpu_debug=True, hoist_index=True), target="c", pass_configs=cfg
+    )
+    return built
 
 
 def make(cu, h_qk, h_v, seed=0):
@@ -104,6 +109,8 @@ def test_v3_program_on_cpu_matches_float64(kernels, cu, h_qk, h_v):
     gc1, a01 = run(kernels[False], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
     assert torch.equal(gc1, gc)
     assert rel(a0, ref_a0) <= rel(a01, ref_a0) < 2e-3  # one truncated tf32 product: worse, still bounded
+    gch, a0h = run(kernels["hoist"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
+    assert torch.equal(gch, gc) and torch.equal(a0h, a0)  # hoisting the indices changes no value
 
 
 def test_no_write_past_a_sequence_end(kernels):
@@ -113,7 +120,8 @@ def test_no_write_past_a_sequence_end(kernels):
     k, g, beta = make(cu, 2, 4)
     plan = build_plan_from_list(cu, "cpu")
     first = plan.chunk_indices[plan.chunk_indices[:, 0] == 0].contiguous()
-    gc, a0 = run(kernels[True], k, g, beta, plan.cu_seqlens, first)
     ref_gc, ref_a0 = exact(k, g, beta, cu)
-    assert rel(a0[:1000], ref_a0[:1000]) < 2e-6 and rel(gc[:1000], ref_gc[:1000]) < 1e-6
-    assert torch.all(a0[1000:] == 7.0) and torch.all(gc[1000:] == 123.0)
+    for variant in (True, "hoist"):
+        gc, a0 = run(kernels[variant], k, g, beta, plan.cu_seqlens, first)
+        assert rel(a0[:1000], ref_a0[:1000]) < 2e-6 and rel(gc[:1000], ref_gc[:1000]) < 1e-6
+        assert torch.all(a0[1000:] == 7.0) and torch.all(gc[1000:] == 123.0)

@@ -66,13 +66,26 @@ def fused_fwd_ws_program(
     state_v_first: bool = False,
     block_v: int = 128,
     profile: bool = False,
+    rev: int = 4,
 ):
     """TileLang program, same signature and outputs as fused_fwd.fused_fwd_program.
+
+    rev=4 is the version measured on the H200 (NOTES.md, v4). rev=5 removes what the profile build
+    showed to dominate a chunk step at BV = 128 (NOTES.md, v5; prepared, not yet run on a GPU):
+    - element-wise passes that read and write the same shared buffer (W over V, Ag over A0) are split
+      into a read pass into registers and one fragment-to-shared copy: TileLang put a warpgroup barrier
+      inside every iteration of the fused read-modify-write loops (32 barriers per pass);
+    - O leaves through shared memory and one TMA store instead of per-thread global stores whose
+      addresses recomputed a 64-bit (block % h_v) per element (8.5 K of WG2's 13.8 K cycles per chunk);
+    - the CTA's sequence, head and slice indices are computed once into registers;
+    - Vnew goes out by a fragment copy first, then Vd = D_r Vnew by a second one (was a scalar loop).
 
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
     C = CHUNK
+    assert rev in (4, 5)
+    v5 = rev >= 5
     assert dv % block_v == 0 and block_v in (32, 64, 128)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
     h_v = T.dynamic("h_v")
@@ -96,12 +109,20 @@ def fused_fwd_ws_program(
     @T.macro
     def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof):
         with T.Kernel(ns * h_v * nv, threads=4 * WG) as (bid,):
-            seq = bid // (h_v * nv)
-            bh = (bid // nv) % h_v
-            v0 = (bid % nv) * block_v
-            bhg = bh // (h_v // h_qk)
-            start = cu_seqlens[seq]
-            end = cu_seqlens[seq + 1]
+            if v5:
+                seq = T.alloc_var("int32", init=bid // (h_v * nv))
+                bh = T.alloc_var("int32", init=(bid // nv) % h_v)
+                v0 = T.alloc_var("int32", init=(bid % nv) * block_v)
+                bhg = T.alloc_var("int32", init=((bid // nv) % h_v) // (h_v // h_qk))
+                start = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv)])
+                end = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv) + 1])
+            else:
+                seq = bid // (h_v * nv)
+                bh = (bid // nv) % h_v
+                v0 = (bid % nv) * block_v
+                bhg = bh // (h_v // h_qk)
+                start = cu_seqlens[seq]
+                end = cu_seqlens[seq + 1]
             n_chunks = T.ceildiv(end - start, C)
 
             # two input stages
@@ -116,6 +137,8 @@ def fused_fwd_ws_program(
             vd_sh = T.alloc_shared((C, block_v), dtype)
             vn_sh = T.alloc_shared((C, block_v), dtype)
             p_sh = T.alloc_shared((C, C), dtype)
+            if v5:
+                o_sh = T.alloc_shared((C, block_v), dtype)
             # warpgroup-private gate exponentials
             # (per stage: a fast thread writing chunk c+1's values never races a slow one reading chunk c's)
             d1_sh = T.alloc_shared((2, C), acc)
@@ -206,8 +229,13 @@ def fused_fwd_ws_program(
                     tick(clk, spent, 2)
                     T.gemm(k_sh[st, :, :], s_sh, u, clear_accum=True)
                     tick(clk, spent, 3)
-                    for i, j in T.Parallel(C, block_v):
-                        v_sh[st, i, j] = T.cast(T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j], dtype)
+                    if v5:
+                        for i, j in T.Parallel(C, block_v):
+                            u[i, j] = T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]
+                        T.copy(u, v_sh[st, :, :])
+                    else:
+                        for i, j in T.Parallel(C, block_v):
+                            v_sh[st, i, j] = T.cast(T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j], dtype)
                     T.fence_proxy_async()
                     T.sync_threads(1, WG)
                     tick(clk, spent, 4)
@@ -215,16 +243,28 @@ def fused_fwd_ws_program(
                     tick(clk, spent, 5)
                     T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
                     tick(clk, spent, 6)
-                    for i, j in T.Parallel(C, block_v):
-                        vd_sh[i, j] = T.cast(u[i, j] * dr1_sh[st, i], dtype)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vd_ready)
-                    tick(clk, spent, 7)
-                    T.copy(u, vn_sh)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vn_ready)
-                    T.barrier_arrive(empty[st])
-                    tick(clk, spent, 8)
+                    if v5:
+                        T.copy(u, vn_sh)
+                        for i, j in T.Parallel(C, block_v):
+                            u[i, j] = u[i, j] * dr1_sh[st, i]
+                        T.copy(u, vd_sh)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vd_ready)
+                        tick(clk, spent, 7)
+                        T.barrier_arrive(vn_ready)
+                        T.barrier_arrive(empty[st])
+                        tick(clk, spent, 8)
+                    else:
+                        for i, j in T.Parallel(C, block_v):
+                            vd_sh[i, j] = T.cast(u[i, j] * dr1_sh[st, i], dtype)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vd_ready)
+                        tick(clk, spent, 7)
+                        T.copy(u, vn_sh)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vn_ready)
+                        T.barrier_arrive(empty[st])
+                        tick(clk, spent, 8)
                 if profile and tx == WG:
                     for i in T.serial(NUM_PHASES):
                         prof[bid, 1, i] = spent[i]
@@ -246,15 +286,28 @@ def fused_fwd_ws_program(
                     tick(clk, spent, 1)
                     for i, j in T.Parallel(C, C):
                         gm[i, j] = T.if_then_else(i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0)
-                    for i, j in T.Parallel(C, C):
-                        a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(ag_ready)
-                    tick(clk, spent, 2)
-                    for i in T.Parallel(C):
-                        d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
-                    for i, j in T.Parallel(C, C):
-                        p_sh[i, j] = T.cast(p[i, j] * gm[i, j] * scale, dtype)
+                    if v5:
+                        for i, j in T.Parallel(C, C):
+                            p[i, j] = p[i, j] * gm[i, j] * scale
+                        for i, j in T.Parallel(C, C):
+                            gm[i, j] = gm[i, j] * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
+                        T.copy(gm, a_sh[st, :, :])
+                        T.fence_proxy_async()
+                        T.barrier_arrive(ag_ready)
+                        tick(clk, spent, 2)
+                        for i in T.Parallel(C):
+                            d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
+                        T.copy(p, p_sh)
+                    else:
+                        for i, j in T.Parallel(C, C):
+                            a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(ag_ready)
+                        tick(clk, spent, 2)
+                        for i in T.Parallel(C):
+                            d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
+                        for i, j in T.Parallel(C, C):
+                            p_sh[i, j] = T.cast(p[i, j] * gm[i, j] * scale, dtype)
                     T.fence_proxy_async()
                     T.sync_threads(2, WG)
                     tick(clk, spent, 3)
@@ -271,7 +324,14 @@ def fused_fwd_ws_program(
                     T.gemm(p_sh, vn_sh, ob)
                     T.barrier_arrive(empty[st])
                     tick(clk, spent, 8)
-                    if t0 + C <= end:
+                    if v5 and t0 + C <= end:
+                        T.tma_store_wait()  # the previous chunk's TMA store has read o_sh
+                        T.sync_threads(2, WG)
+                        T.copy(ob, o_sh)
+                        T.fence_proxy_async()
+                        T.sync_threads(2, WG)
+                        T.tma_copy(o_sh, o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
+                    elif t0 + C <= end:
                         for i, j in T.Parallel(C, block_v):
                             o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
                     else:
@@ -279,6 +339,8 @@ def fused_fwd_ws_program(
                             if t0 + i < end:
                                 o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
                     tick(clk, spent, 9)
+                if v5:
+                    T.tma_store_wait(0, False)  # every O store has landed before the CTA exits
                 if profile and tx == 2 * WG:
                     for i in T.serial(NUM_PHASES):
                         prof[bid, 2, i] = spent[i]

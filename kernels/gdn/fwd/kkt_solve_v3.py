@@ -41,7 +41,12 @@ def _tf32_hi(x):
 
 
 def kkt_solve_v3_program(
-    dk: int, dtype: str, precise: bool = True, min_blocks_per_sm: int = 6, cpu_debug: bool = False
+    dk: int,
+    dtype: str,
+    precise: bool = True,
+    min_blocks_per_sm: int = 6,
+    cpu_debug: bool = False,
+    hoist_index: bool = False,
 ):
     """TileLang program with kkt_solve_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values.
@@ -56,6 +61,10 @@ def kkt_solve_v3_program(
     loops that read their operands through the same tf32 truncation as mma.sync, the register fragments
     shared buffers, the per-thread forward substitution and the warp scan serial loops (run with fp32
     in/out: the C backend has no bf16). tests/kernels/test_kkt_v3_cpu.py runs it against float64.
+
+    hoist_index=True computes the CTA's head, chunk and token offsets once into registers. Without it
+    TileLang re-derives them (64-bit signed floor division and modulo by h_v and h_v // h_qk) inside
+    every unrolled load and store, some thousands of integer instructions per CTA (NOTES.md, v5).
     """
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -127,12 +136,22 @@ def kkt_solve_v3_program(
         with T.Kernel(nc * h_v, threads=128) as (bid,):
             if min_blocks_per_sm > 0 and not cpu_debug:
                 T.annotate_min_blocks_per_sm(min_blocks_per_sm)
-            bh = bid % h_v
-            bc = bid // h_v
-            bhg = bh // (h_v // h_qk)
-            seq = chunk_indices[bc, 0]
-            start = cu_seqlens[seq] + chunk_indices[bc, 1] * C
-            end = cu_seqlens[seq + 1]
+            if hoist_index:
+                bh = T.alloc_var("int32", init=bid % h_v)
+                bc = T.alloc_var("int32", init=bid // h_v)
+                bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
+                seq = T.alloc_var("int32", init=chunk_indices[bid // h_v, 0])
+                start = T.alloc_var(
+                    "int32", init=cu_seqlens[chunk_indices[bid // h_v, 0]] + chunk_indices[bid // h_v, 1] * C
+                )
+                end = T.alloc_var("int32", init=cu_seqlens[chunk_indices[bid // h_v, 0] + 1])
+            else:
+                bh = bid % h_v
+                bc = bid // h_v
+                bhg = bh // (h_v // h_qk)
+                seq = chunk_indices[bc, 0]
+                start = cu_seqlens[seq] + chunk_indices[bc, 1] * C
+                end = cu_seqlens[seq + 1]
 
             k_sh = alloc_sh((C, dk), dtype)
             b_sh = alloc_sh((C,), acc)
