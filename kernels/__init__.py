@@ -3,7 +3,7 @@
 Standalone: imports torch and (lazily, at first launch) tilelang; never qla_bench.
 """
 
-from .gdn import FwdOutput, chunk_gated_delta_rule, chunk_gated_delta_rule_fwd
+from .gdn import BwdOutput, FwdOutput, chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, chunk_gated_delta_rule_fwd
 
 __version__ = "0.1.0"
 
@@ -12,8 +12,10 @@ KERNELS_READY = True
 
 __all__ = [
     "KERNELS_READY",
+    "BwdOutput",
     "FwdOutput",
     "__version__",
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_bwd",
     "chunk_gated_delta_rule_fwd",
 ]

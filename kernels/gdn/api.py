@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from .checks import HEAD_DIM, check_fwd_args, check_kkt_args
+from .cp_plan import CPDecision, CPPlan, build_cp_plan, plan_cp
 from .plan import (
     BLOCK_V_CHOICES,
     CHUNK,
@@ -128,13 +129,17 @@ def chunk_gated_delta_rule_fwd(
     kkt_impl: str | None = None,
     fused_impl: str | None = None,
     block_v: int | None = None,
+    cp: bool | None = None,
+    cp_piece: int | None = None,
 ) -> FwdOutput:
     """GDN chunked-prefill forward (FLA layout). Returns FwdOutput(o, final_state, g_cumsum, a0).
 
     state_v_first=True reads and writes states as [N,H_v,V,K] instead of [N,H_v,K,V].
     kkt_impl picks the stage-1 kernel (KKT_IMPLS; default $QLA_KKT_IMPL or "v2"), fused_impl the stage-2
     kernel (FUSED_IMPLS; default $QLA_FUSED_IMPL or DEFAULT_FUSED_IMPL); block_v overrides the planned
-    V-slice width (for measurements).
+    V-slice width (for measurements). cp=True (default: $QLA_CP == "1"; prepared, off until measured)
+    runs long sequences piece-parallel (gdn/cp.py) where cp_plan.plan_cp predicts a gain, or always with
+    pieces of cp_piece chunks when that is given; state_v_first runs without CP.
     """
     shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     impl = resolve_kkt_impl(kkt_impl)
@@ -159,17 +164,37 @@ def chunk_gated_delta_rule_fwd(
 
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else _dummy_state(h_v, q.device)
-    o = torch.empty_like(vf)
-    ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
-    if fimpl == "auto":
-        fimpl, planned_bv = choose_fused(plan.num_seqs, h_v, _num_sms(q.device))
-        block_v = planned_bv if block_v is None else block_v
-    if block_v is None:
-        choose = choose_block_v if fimpl == "v2" else choose_block_v_ws  # ws and ws5 share the rule
-        block_v = choose(plan.num_seqs, h_v, _num_sms(q.device))
-    _fused_kernel(fimpl, scale, dt, use_h0, state_v_first, block_v)(
-        qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht
-    )
+    nsm = _num_sms(q.device)
+    cpp = _cp_plan(plan, h_v, nsm, cp, cp_piece) if not state_v_first else None
+
+    def run_fused(cu: torch.Tensor, n: int, h0_: torch.Tensor, use_h0_: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        o_ = torch.empty_like(vf)
+        ht_ = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
+        f, bv = fimpl, block_v
+        if f == "auto":
+            f, planned_bv = choose_fused(n, h_v, nsm)
+            bv = planned_bv if bv is None else bv
+        if bv is None:
+            bv = (choose_block_v if f == "v2" else choose_block_v_ws)(n, h_v, nsm)  # ws, ws5: one rule
+        _fused_kernel(f, scale, dt, use_h0_, state_v_first, bv)(qf, kf, vf, g_cumsum, bf, a0, h0_, cu, o_, ht_)
+        return o_, ht_
+
+    if cpp is None:
+        o, ht = run_fused(plan.cu_seqlens, plan.num_seqs, h0, use_h0)
+    else:
+        from .cp import run_cp
+        from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
+
+        def state_pass(cu: torch.Tensor) -> torch.Tensor:
+            hm = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, 2 * HEAD_DIM, dtype=torch.float32, device=q.device)
+            bv = choose_block_v_ws(2 * cpp.num_pieces, h_v, nsm)
+            fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, False, False, bv, False, 5, True)(
+                qf, kf, vf, g_cumsum, bf, a0, cu, hm
+            )
+            return hm
+
+        o, ht = run_cp(cpp, initial_state if use_h0 else None, state_pass,
+                       lambda cu, init: run_fused(cu, cpp.num_pieces, init, True))
     return FwdOutput(
         o=o.view(b, t, h_v, HEAD_DIM),
         final_state=ht if output_final_state else None,
@@ -199,6 +224,24 @@ def chunk_kkt_solve(
     bf = beta.reshape(1, nt, h_v).contiguous()
     g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan)
     return g_cumsum.view(b, t, h_v), a0.view(b, t, h_v, CHUNK)
+
+
+CP_ENV = "QLA_CP"
+
+
+def _cp_plan(plan: ChunkPlan, h_v: int, num_sms: int, cp: bool | None, cp_piece: int | None) -> CPPlan | None:
+    """The context-parallel split to run, or None for the plain forward."""
+    if cp is None:
+        cp = os.environ.get(CP_ENV, "").strip() == "1"
+    if not cp:
+        return None
+    if cp_piece is not None:
+        if cp_piece < 1:
+            raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
+        cpp = build_cp_plan(plan.cu_host, CPDecision(cp_piece, 64, 0.0, 0.0), plan.cu_seqlens.device)
+    else:
+        cpp = plan_cp(plan, h_v, num_sms)
+    return cpp if cpp.enabled and cpp.num_pieces > cpp.num_seqs else None
 
 
 _sms: dict[int | None, int] = {}
@@ -239,7 +282,9 @@ def chunk_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     head_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """FLA-compatible high-level forward -> (o, final_state). Forward only (no autograd yet).
+    """FLA-compatible high-level forward -> (o, final_state), differentiable: when grad mode is on and an
+    input requires grad, gradients flow to q, k, v, g, beta and initial_state (gdn/autograd.py; the
+    backward is the chunk-form torch implementation until the TileLang backward lands).
 
     use_qk_l2norm_in_kernel normalises q and k with a separate torch op before the kernels.
     """
@@ -247,6 +292,12 @@ def chunk_gated_delta_rule(
         raise ValueError("head_first=True is not supported: pass q, k, v as [B,T,H,D] (head_first=False)")
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
+    leaves = (q, k, v, g, beta) + ((initial_state,) if initial_state is not None else ())
+    if torch.is_grad_enabled() and any(x.requires_grad for x in leaves):
+        from .autograd import ChunkGatedDeltaRule
+
+        o, final_state = ChunkGatedDeltaRule.apply(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+        return o, final_state if output_final_state else None
     out = chunk_gated_delta_rule_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         output_final_state=output_final_state,

@@ -190,6 +190,11 @@ class CPPlan:
     num_pieces: int
     num_seqs: int
     max_piece_chunks: int
+    # for the combine step (gdn/cp.py), int64 index tensors: links[k] = the pieces at position k of their
+    # sequence that have a successor (piece p hands its end state to p + 1); first/last piece per sequence
+    links: tuple[torch.Tensor, ...] = ()
+    first_piece: torch.Tensor | None = None
+    last_piece: torch.Tensor | None = None
 
     @property
     def enabled(self) -> bool:
@@ -213,12 +218,18 @@ def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device:
         first.append(len(offs))
     offs.append(cu[-1])
 
-    def dev(x):
-        return torch.tensor(x, dtype=torch.int32).to(device)
+    def dev(x, dtype=torch.int32):
+        return torch.tensor(x, dtype=dtype).to(device)
 
+    links = []
+    for k in range(max(idx, default=-1) + 1):
+        sel = [p for p in range(len(seq)) if idx[p] == k and p + 1 < first[seq[p] + 1]]
+        if sel:
+            links.append(dev(sel, torch.int64))
     return CPPlan(decision=decision, cu_seqlens=dev(offs), piece_seq=dev(seq), piece_index=dev(idx),
                   seq_first_piece=dev(first), num_pieces=len(seq), num_seqs=len(cu) - 1,
-                  max_piece_chunks=longest)
+                  max_piece_chunks=longest, links=tuple(links), first_piece=dev(first[:-1], torch.int64),
+                  last_piece=dev([f - 1 for f in first[1:]], torch.int64))
 
 
 _cache: OrderedDict[tuple, tuple[weakref.ref, CPPlan]] = OrderedDict()

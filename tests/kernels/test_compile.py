@@ -86,3 +86,14 @@ def test_kkt_solve_v3_hoisted_compiles():
     rep = build_sm90a(kkt_solve_v3_program(128, "bfloat16", True, 6, hoist_index=True), PASS_CONFIGS)
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert rep.registers <= 65536 // (128 * 6), rep.line()
+
+
+@pytest.mark.parametrize("block_v", [128, 64])
+def test_cp_state_pass_compiles(block_v):
+    from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
+
+    prog = fused_fwd_ws_program(128, 128, 128**-0.5, "bfloat16", False, False, block_v, False, 5, True)
+    rep = build_sm90a(prog, PASS_CONFIGS)
+    assert rep.name.startswith("cp_state_pass"), rep.name
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()

@@ -67,6 +67,7 @@ def fused_fwd_ws_program(
     block_v: int = 128,
     profile: bool = False,
     rev: int = 4,
+    state_pass: bool = False,
 ):
     """TileLang program, same signature and outputs as fused_fwd.fused_fwd_program.
 
@@ -80,6 +81,12 @@ def fused_fwd_ws_program(
     - the CTA's sequence, head and slice indices are computed once into registers;
     - Vnew goes out by a fragment copy first, then Vd = D_r Vnew by a second one (was a scalar loop).
 
+    state_pass=True (rev 5 only) is the context-parallel prep pass (gdn/cp.py): every "sequence" is a
+    piece, no O is produced, and the grid has twice the V-slices. Slices over [0, V) run the recurrence
+    from S = 0 with the piece's V (the piece's own end state h); slices over [V, 2V) run it from S = I
+    with V = 0, which gives the piece's transition M (S_end = M S_start + h). Signature:
+    (q, k, v, g_cumsum, beta, a0, cu_seqlens, hm) with hm [pieces, H_v, K, 2V] fp32 = [h | M].
+
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
@@ -87,10 +94,11 @@ def fused_fwd_ws_program(
     assert rev in (4, 5)
     v5 = rev >= 5
     assert dv % block_v == 0 and block_v in (32, 64, 128)
+    assert not state_pass or (v5 and not profile and not state_v_first and dk == dv)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
-    nv = dv // block_v
+    nv = dv // block_v * (2 if state_pass else 1)  # V-slices per (sequence, head) in the grid
     nt = T.dynamic("num_tokens")
     ns = T.dynamic("num_seqs")
     nh0 = T.dynamic("num_h0")
@@ -167,7 +175,10 @@ def fused_fwd_ws_program(
                 T.set_max_nreg(NREG_STATE, 1)
                 s = T.alloc_fragment((dk, block_v), acc)
                 gam = T.alloc_local((1,), acc)
-                if use_initial_state:
+                if state_pass:
+                    for i, j in T.Parallel(dk, block_v):
+                        s[i, j] = T.if_then_else(v0 >= dv and i == v0 - dv + j, 1.0, 0.0)
+                elif use_initial_state:
                     for i, j in T.Parallel(dk, block_v):
                         if state_v_first:
                             s[i, j] = h0[seq, bh, v0 + j, i]
@@ -229,7 +240,11 @@ def fused_fwd_ws_program(
                     tick(clk, spent, 2)
                     T.gemm(k_sh[st, :, :], s_sh, u, clear_accum=True)
                     tick(clk, spent, 3)
-                    if v5:
+                    if state_pass:  # the M slices run with V = 0
+                        for i, j in T.Parallel(C, block_v):
+                            u[i, j] = T.if_then_else(v0 < dv, T.cast(v_sh[st, i, j], acc), 0.0) - d1_sh[st, i] * u[i, j]
+                        T.copy(u, v_sh[st, :, :])
+                    elif v5:
                         for i, j in T.Parallel(C, block_v):
                             u[i, j] = T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]
                         T.copy(u, v_sh[st, :, :])
@@ -243,7 +258,15 @@ def fused_fwd_ws_program(
                     tick(clk, spent, 5)
                     T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
                     tick(clk, spent, 6)
-                    if v5:
+                    if state_pass:  # nobody reads Vnew
+                        for i, j in T.Parallel(C, block_v):
+                            u[i, j] = u[i, j] * dr1_sh[st, i]
+                        T.copy(u, vd_sh)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vd_ready)
+                        T.barrier_arrive(vn_ready)
+                        T.barrier_arrive(empty[st])
+                    elif v5:
                         T.copy(u, vn_sh)
                         for i, j in T.Parallel(C, block_v):
                             u[i, j] = u[i, j] * dr1_sh[st, i]
@@ -275,71 +298,88 @@ def fused_fwd_ws_program(
                 p = T.alloc_fragment((C, C), acc)
                 gm = T.alloc_fragment((C, C), acc)
                 ob = T.alloc_fragment((C, block_v), acc)
-                for c in T.serial(n_chunks):
-                    st = c % 2
-                    t0 = start + c * C
-                    if profile:
-                        clk[0] = T.call_extern("int64", "clock64")
-                    T.barrier_wait(full[st], (c // 2) % 2)
-                    tick(clk, spent, 0)
-                    T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
-                    tick(clk, spent, 1)
-                    for i, j in T.Parallel(C, C):
-                        gm[i, j] = T.if_then_else(i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0)
-                    if v5:
+                if state_pass:
+                    # only Ag for WG1; the waits keep this warpgroup in step with the barrier phases
+                    for c in T.serial(n_chunks):
+                        st = c % 2
+                        T.barrier_wait(full[st], (c // 2) % 2)
                         for i, j in T.Parallel(C, C):
-                            p[i, j] = p[i, j] * gm[i, j] * scale
-                        for i, j in T.Parallel(C, C):
-                            gm[i, j] = gm[i, j] * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
+                            gm[i, j] = T.if_then_else(
+                                i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0
+                            ) * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
                         T.copy(gm, a_sh[st, :, :])
                         T.fence_proxy_async()
                         T.barrier_arrive(ag_ready)
-                        tick(clk, spent, 2)
-                        for i in T.Parallel(C):
-                            d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
-                        T.copy(p, p_sh)
-                    else:
+                        T.barrier_wait(s_ready, c % 2)
+                        T.barrier_arrive(qs_done)
+                        T.barrier_wait(vn_ready, c % 2)
+                        T.barrier_arrive(empty[st])
+                if not state_pass:
+                    for c in T.serial(n_chunks):
+                        st = c % 2
+                        t0 = start + c * C
+                        if profile:
+                            clk[0] = T.call_extern("int64", "clock64")
+                        T.barrier_wait(full[st], (c // 2) % 2)
+                        tick(clk, spent, 0)
+                        T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                        tick(clk, spent, 1)
                         for i, j in T.Parallel(C, C):
-                            a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(ag_ready)
-                        tick(clk, spent, 2)
-                        for i in T.Parallel(C):
-                            d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
-                        for i, j in T.Parallel(C, C):
-                            p_sh[i, j] = T.cast(p[i, j] * gm[i, j] * scale, dtype)
-                    T.fence_proxy_async()
-                    T.sync_threads(2, WG)
-                    tick(clk, spent, 3)
-                    T.barrier_wait(s_ready, c % 2)
-                    tick(clk, spent, 4)
-                    T.gemm(q_sh[st, :, :], s_sh, ob, clear_accum=True)
-                    T.barrier_arrive(qs_done)
-                    tick(clk, spent, 5)
-                    for i, j in T.Parallel(C, block_v):
-                        ob[i, j] = ob[i, j] * d2_sh[st, i]
-                    tick(clk, spent, 6)
-                    T.barrier_wait(vn_ready, c % 2)
-                    tick(clk, spent, 7)
-                    T.gemm(p_sh, vn_sh, ob)
-                    T.barrier_arrive(empty[st])
-                    tick(clk, spent, 8)
-                    if v5 and t0 + C <= end:
-                        T.tma_store_wait()  # the previous chunk's TMA store has read o_sh
-                        T.sync_threads(2, WG)
-                        T.copy(ob, o_sh)
+                            gm[i, j] = T.if_then_else(i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0)
+                        if v5:
+                            for i, j in T.Parallel(C, C):
+                                p[i, j] = p[i, j] * gm[i, j] * scale
+                            for i, j in T.Parallel(C, C):
+                                gm[i, j] = gm[i, j] * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
+                            T.copy(gm, a_sh[st, :, :])
+                            T.fence_proxy_async()
+                            T.barrier_arrive(ag_ready)
+                            tick(clk, spent, 2)
+                            for i in T.Parallel(C):
+                                d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
+                            T.copy(p, p_sh)
+                        else:
+                            for i, j in T.Parallel(C, C):
+                                a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(ag_ready)
+                            tick(clk, spent, 2)
+                            for i in T.Parallel(C):
+                                d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
+                            for i, j in T.Parallel(C, C):
+                                p_sh[i, j] = T.cast(p[i, j] * gm[i, j] * scale, dtype)
                         T.fence_proxy_async()
                         T.sync_threads(2, WG)
-                        T.tma_copy(o_sh, o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
-                    elif t0 + C <= end:
+                        tick(clk, spent, 3)
+                        T.barrier_wait(s_ready, c % 2)
+                        tick(clk, spent, 4)
+                        T.gemm(q_sh[st, :, :], s_sh, ob, clear_accum=True)
+                        T.barrier_arrive(qs_done)
+                        tick(clk, spent, 5)
                         for i, j in T.Parallel(C, block_v):
-                            o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
-                    else:
-                        for i, j in T.Parallel(C, block_v):
-                            if t0 + i < end:
+                            ob[i, j] = ob[i, j] * d2_sh[st, i]
+                        tick(clk, spent, 6)
+                        T.barrier_wait(vn_ready, c % 2)
+                        tick(clk, spent, 7)
+                        T.gemm(p_sh, vn_sh, ob)
+                        T.barrier_arrive(empty[st])
+                        tick(clk, spent, 8)
+                        if v5 and t0 + C <= end:
+                            T.tma_store_wait()  # the previous chunk's TMA store has read o_sh
+                            T.sync_threads(2, WG)
+                            T.copy(ob, o_sh)
+                            T.fence_proxy_async()
+                            T.sync_threads(2, WG)
+                            T.tma_copy(o_sh, o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
+                        elif t0 + C <= end:
+                            for i, j in T.Parallel(C, block_v):
                                 o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
-                    tick(clk, spent, 9)
-                if v5:
+                        else:
+                            for i, j in T.Parallel(C, block_v):
+                                if t0 + i < end:
+                                    o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
+                        tick(clk, spent, 9)
+                if v5 and not state_pass:
                     T.tma_store_wait(0, False)  # every O store has landed before the CTA exits
                 if profile and tx == 2 * WG:
                     for i in T.serial(NUM_PHASES):
@@ -354,14 +394,36 @@ def fused_fwd_ws_program(
                         t0 = start + c * C
                         if c >= 2:
                             T.barrier_wait(empty[st], (c // 2 + 1) % 2)
-                        T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh[st, :, :], barrier=full[st])
+                        if not state_pass:
+                            T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh[st, :, :], barrier=full[st])
                         T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh[st, :, :], barrier=full[st])
-                        T.tma_copy(v[0, t0 : t0 + C, bh, v0 : v0 + block_v], v_sh[st, :, :], barrier=full[st])
+                        if state_pass:  # M slices (v0 >= V) load slice 0 and ignore it
+                            vc = T.if_then_else(v0 < dv, v0, 0)
+                            T.tma_copy(v[0, t0 : t0 + C, bh, vc : vc + block_v], v_sh[st, :, :], barrier=full[st])
+                        else:
+                            T.tma_copy(v[0, t0 : t0 + C, bh, v0 : v0 + block_v], v_sh[st, :, :], barrier=full[st])
                         T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
                         for i in T.Parallel(C):
                             g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                             b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
                         T.barrier_arrive(full[st])
+
+    if state_pass:
+
+        @T.prim_func
+        def cp_state_pass(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            cu_seqlens: T.Tensor((ns + 1,), "int32"),
+            hm: T.Tensor((ns, h_v, dk, 2 * dv), acc),
+        ):
+            kernel_body(q, k, v, g_cumsum, beta, a0, None, cu_seqlens, None, hm, None)
+
+        return cp_state_pass
 
     if profile:
 

@@ -1,0 +1,56 @@
+"""Intra-card context parallelism for the forward (prepared; kernels/NOTES.md, v5): long sequences are cut
+into pieces of L chunks (cp_plan.py) that run side by side, each from the exact state at its start.
+
+Three steps, all on the device and with no host sync (the plan is built once per cu_seqlens):
+1. prep: one pass over every piece from S = 0 (its own end state h) and from S = I with V = 0 (its
+   transition M, so that S_end = M S_start + h); the warp-specialised kernel's state_pass build;
+2. combine: walk each sequence's pieces in order, S_{p+1} = M_p S_p + h_p, starting from the
+   sequence's initial state (fp32 batched matmuls, one per position in the sequence);
+3. the fused forward over the pieces as if they were sequences, each from its S_p; the final state of a
+   sequence is that of its last piece.
+Exact for every head (decaying or not): no gate-driven truncation of the history.
+
+The launchers are arguments so the orchestration runs on a CPU against float64 stand-ins
+(tests/kernels/test_cp.py); api.py passes the TileLang kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .cp_plan import CPPlan
+
+StatePass = Callable[[torch.Tensor], torch.Tensor]
+"""piece cu_seqlens [P+1] -> hm [P, H_v, K, 2V] fp32: [h | M] per piece."""
+
+FusedOverPieces = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(piece cu_seqlens [P+1], piece initial states [P, H_v, K, V] fp32) -> (o, piece end states [P, H_v, K, V])."""
+
+
+def combine(cp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
+    """Initial state of every piece [P, H_v, K, V] from the prep pass's [h | M] and the sequences' h0."""
+    p, h_v, k, two_v = hm.shape
+    v = two_v // 2
+    if k != v:
+        raise ValueError(f"context parallelism needs K == V (the transition is K x K), got K={k}, V={v}")
+    h, m = hm[..., :v], hm[..., v:]
+    init = torch.zeros(p, h_v, k, v, dtype=torch.float32, device=hm.device)
+    if h0 is not None:
+        init[cp.first_piece] = h0.float()
+    for sel in cp.links:
+        init[sel + 1] = torch.matmul(m[sel], init[sel]) + h[sel]
+    return init
+
+
+def run_cp(
+    cp: CPPlan, h0: torch.Tensor | None, state_pass: StatePass, fused: FusedOverPieces
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final_state [N, H_v, K, V]) of the whole batch, computed piece-parallel."""
+    if not cp.enabled or cp.last_piece is None:
+        raise ValueError("run_cp needs a CP plan with pieces (cp_plan.plan_cp decided against CP)")
+    hm = state_pass(cp.cu_seqlens)
+    init = combine(cp, hm, h0)
+    o, piece_states = fused(cp.cu_seqlens, init)
+    return o, piece_states[cp.last_piece]

@@ -1,0 +1,116 @@
+"""Context parallelism (gdn/cp.py with the ws kernel's state pass) on the H200: correctness, then timings.
+
+    source .ci/gpu-host-setup.sh; python -m pytest tests/gpu/test_qla_cp.py -q -s -rfE
+
+1. the state pass alone: [h | M] of each piece against float64 (h from S = 0; M from S = I, V = 0);
+2. the CP forward (forced piece lengths, fused_impl="ws5") against the float64 reference on GVA 1-4,
+   ragged, g = 0 and strong-decay heads, fixed-length batches: o and state <= 5e-3, each head <= 1e-2,
+   and within 5e-3 of the plain forward;
+3. timings (CUDA events, L2 flushed, median of 30) of the plain forward vs CP at several piece lengths
+   on single long sequences with few heads; written to $OUT/cp_timing.json (fits CPHeuristics).
+"""
+
+import json
+import os
+import statistics
+import zlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from gpu.test_qla_fwd import TOL, make_inputs, rel_l2  # noqa: E402
+
+from qla_bench.reference import chunk_gated_delta_rule_ref  # noqa: E402
+from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
+from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd, chunk_kkt_solve  # noqa: E402
+from qla_kernels.gdn.fwd.fused_fwd_ws import fused_fwd_ws_kernel  # noqa: E402
+
+CASES = {
+    # name: (B, T, h_qk, h_v, cu_seqlens or None, piece chunks)
+    "gva4_1x4096_p8": (1, 4096, 2, 8, [0, 4096], 8),
+    "gva3_ragged_1000+3096_p4": (1, 4096, 2, 6, [0, 1000, 4096], 4),
+    "gva1_1x2000_p1": (1, 2000, 4, 4, [0, 2000], 1),
+    "gva2_fixed_B2_T700_p3": (2, 700, 2, 4, None, 3),
+}
+
+
+def _case(name):
+    b, t, h_qk, h_v, cu_list, piece = CASES[name]
+    n = b if cu_list is None else len(cu_list) - 1
+    (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, seed=zlib.crc32(name.encode()) % 1000, n=n)
+    cu = None if cu_list is None else torch.tensor(cu_list, dtype=torch.int32, device="cuda")
+    return q, k, v, g, beta, s0, cu, piece
+
+
+def test_state_pass_gives_h_and_m():
+    (q, k, v, g, beta), _ = make_inputs(1, 1024, 2, 4, seed=5, h0=False)
+    cu = torch.tensor([0, 512, 1024], dtype=torch.int32, device="cuda")  # two pieces of 8 chunks
+    g_cumsum, a0 = chunk_kkt_solve(k, g, beta, cu_seqlens=cu)
+    hm = torch.empty(2, 4, 128, 256, dtype=torch.float32, device="cuda")
+    fused_fwd_ws_kernel(128, 128, 128**-0.5, "bfloat16", False, False, 128, False, 5, True)(
+        q, k, v, g_cumsum, beta, a0, cu, hm
+    )
+    torch.cuda.synchronize()
+    args = [x.cpu() for x in (q, k, v, g, beta)]
+    _, h_ref = chunk_gated_delta_rule_ref(*args, None, None, True, cu.cpu())
+    eye = torch.eye(128, dtype=torch.float64).expand(2, 4, 128, 128).contiguous()
+    _, m_ref = chunk_gated_delta_rule_ref(args[0], args[1], torch.zeros_like(args[2]), *args[3:], None, eye, True,
+                                          cu.cpu())
+    eh, em = rel_l2(hm[..., :128], h_ref), rel_l2(hm[..., 128:], m_ref)
+    print(f"\n[cp-state-pass] h={eh:.2e} M={em:.2e}")
+    assert eh <= TOL and em <= TOL, (eh, em)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cp_forward_matches_reference(name):
+    q, k, v, g, beta, s0, cu, piece = _case(name)
+    ref_o, ref_s = chunk_gated_delta_rule_ref(
+        q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), initial_state=s0.cpu(), output_final_state=True,
+        cu_seqlens=None if cu is None else cu.cpu(),
+    )
+    out = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl="ws5", cp=True,
+                                     cp_piece=piece)
+    plain = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl="ws5", cp=False)
+    torch.cuda.synchronize()
+    eo, es = rel_l2(out.o, ref_o), rel_l2(out.final_state, ref_s)
+    worst = max(rel_l2(out.o[:, :, h], ref_o[:, :, h]) for h in range(v.shape[2]))
+    d_o = rel_l2(out.o, plain.o)
+    print(f"\n[cp] {name}: o={eo:.2e} state={es:.2e} worst_head_o={worst:.2e} | vs plain o={d_o:.1e}")
+    assert eo <= TOL and es <= TOL, (eo, es)
+    assert worst <= 2 * TOL, worst
+    assert d_o < 5e-3
+
+
+TIMING = [(2, 8), (4, 16), (8, 32), (16, 32)]  # (h_qk, h_v) on one 32768-token sequence
+PIECES = (16, 32, 64)
+
+
+def test_time_cp():
+    flusher = L2Flusher(torch.device("cuda"))
+    rows = []
+    for h_qk, h_v in TIMING:
+        (q, k, v, g, beta), s0 = make_inputs(1, 32768, h_qk, h_v, seed=0)
+        cu = torch.tensor([0, 32768], dtype=torch.int32, device="cuda")
+        row = {"h_qk": h_qk, "h_v": h_v, "seqs": "1x32768"}
+
+        def timed(args=(q, k, v, g, beta), s0=s0, cu=cu, **kw):
+            fn = lambda: chunk_gated_delta_rule_fwd(*args, initial_state=s0, cu_seqlens=cu, **kw)  # noqa: E731
+            return statistics.median(time_cuda_events(fn, 30, flusher).samples_ms)
+
+        row["plain_auto"] = timed(cp=False)
+        row["plain_ws5"] = timed(fused_impl="ws5", cp=False)
+        for piece in PIECES:
+            row[f"cp{piece}_ws5"] = timed(fused_impl="ws5", cp=True, cp_piece=piece)
+        rows.append(row)
+        print(f"[cp-timing] {h_qk}/{h_v} 1x32768: " + " ".join(
+            f"{c}={row[c]:.4f}" for c in row if c not in ("h_qk", "h_v", "seqs")), flush=True)
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "cp_timing.json"), "w") as fh:
+        json.dump({"timer": "cuda-events, L2 flushed, median of 30, whole forward",
+                   "device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)

@@ -1,0 +1,113 @@
+"""Context-parallel orchestration (gdn/cp.py) on the CPU: the pieces, the prep pass's [h | M], the combine
+chain and the gather of final states must reproduce the whole-sequence forward exactly. The kernels are
+replaced by float64 stand-ins built on the reference, so only the orchestration is under test; the
+TileLang state pass is checked on the H200 (tests/gpu/test_qla_cp.py)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qla_bench.reference import chunk_gated_delta_rule_ref
+from qla_kernels.gdn.cp import combine, run_cp
+from qla_kernels.gdn.cp_plan import CPDecision, build_cp_plan
+
+D = 16  # K = V: small, so float64 on a CPU stays fast; the orchestration does not depend on it
+
+
+def inputs(total, h_qk, h_v, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(1, total, h_qk, D, generator=gen, dtype=torch.float64), dim=-1)
+    k = F.normalize(torch.randn(1, total, h_qk, D, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(1, total, h_v, D, generator=gen, dtype=torch.float64)
+    g = F.logsigmoid(torch.randn(1, total, h_v, generator=gen, dtype=torch.float64)) / 16
+    g[..., 0] = 0.0  # a head that never decays: needs the exact transition
+    if h_v > 2:
+        g[..., 1] = -20.0  # one that forgets everything
+    beta = torch.sigmoid(torch.randn(1, total, h_v, generator=gen, dtype=torch.float64))
+    return q, k, v, g, beta
+
+
+def stand_ins(q, k, v, g, beta):
+    """The two kernels' contracts, in float64 on the reference."""
+
+    def state_pass(cu_p):
+        p, h_v = cu_p.numel() - 1, v.shape[2]
+        _, h = chunk_gated_delta_rule_ref(q, k, v, g, beta, None, None, True, cu_p)
+        eye = torch.eye(D, dtype=torch.float64).expand(p, h_v, D, D).contiguous()
+        _, m = chunk_gated_delta_rule_ref(q, k, torch.zeros_like(v), g, beta, None, eye, True, cu_p)
+        return torch.cat([h, m], dim=-1).float()
+
+    def fused(cu_p, init):
+        return chunk_gated_delta_rule_ref(q, k, v, g, beta, None, init.double(), True, cu_p)
+
+    return state_pass, fused
+
+
+CASES = [
+    # (sequence lengths, h_qk, h_v, piece length in chunks, initial state)
+    ([640], 1, 4, 2, True),
+    ([640], 2, 4, 3, False),  # 10 chunks in pieces of 3: a short last piece
+    ([700, 65, 1, 300], 1, 3, 2, True),  # ragged, a sequence shorter than a piece, T = 1
+    ([64 * 7, 64 * 5 + 7], 2, 8, 1, True),  # one-chunk pieces: the longest combine chain
+]
+
+
+@pytest.mark.parametrize(("lens", "h_qk", "h_v", "piece", "with_h0"), CASES)
+def test_cp_reproduces_the_whole_sequence_forward(lens, h_qk, h_v, piece, with_h0):
+    total = sum(lens)
+    q, k, v, g, beta = inputs(total, h_qk, h_v, seed=total + piece)
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    h0 = torch.randn(len(lens), h_v, D, D, dtype=torch.float64) if with_h0 else None
+    cp = build_cp_plan(cu, CPDecision(piece_chunks=piece, block_v=64, predicted_us=0.0, baseline_us=0.0), "cpu")
+    assert cp.enabled and cp.num_pieces > len(lens)
+    state_pass, fused = stand_ins(q, k, v, g, beta)
+    o, final = run_cp(cp, h0, state_pass, fused)
+    ref_o, ref_s = chunk_gated_delta_rule_ref(q, k, v, g, beta, None, h0, True, torch.tensor(cu))
+    # fp32 [h | M] and fp32 combine: errors at fp32 level, far below the kernels' bf16 error
+    assert ((o - ref_o).norm() / ref_o.norm()).item() < 1e-5
+    assert ((final.double() - ref_s).norm() / ref_s.norm()).item() < 1e-5
+
+
+def test_links_follow_each_sequence_in_order():
+    cp = build_cp_plan([0, 64 * 5, 64 * 6, 64 * 9], CPDecision(2, 64, 0.0, 0.0), "cpu")
+    # pieces: seq 0 -> 0,1,2 (2+2+1 chunks); seq 1 -> 3; seq 2 -> 4,5 (2+1)
+    assert cp.num_pieces == 6
+    assert [t.tolist() for t in cp.links] == [[0, 4], [1]]
+    assert cp.first_piece.tolist() == [0, 3, 4] and cp.last_piece.tolist() == [2, 3, 5]
+
+
+def test_combine_chains_transitions():
+    cp = build_cp_plan([0, 64 * 3], CPDecision(1, 64, 0.0, 0.0), "cpu")
+    gen = torch.Generator().manual_seed(0)
+    hm = torch.randn(3, 2, D, 2 * D, generator=gen)
+    h0 = torch.randn(1, 2, D, D, generator=gen)
+    init = combine(cp, hm, h0)
+    h, m = hm[..., :D], hm[..., D:]
+    s1 = m[0] @ h0[0] + h[0]
+    assert torch.allclose(init[0], h0[0]) and torch.allclose(init[1], s1, atol=1e-5)
+    assert torch.allclose(init[2], m[1] @ s1 + h[1], atol=1e-4)
+
+
+def test_combine_rejects_k_not_v():
+    cp = build_cp_plan([0, 128], CPDecision(1, 64, 0.0, 0.0), "cpu")
+    with pytest.raises(ValueError, match="K == V"):
+        combine(cp, torch.zeros(2, 1, 8, 32), None)
+
+
+def test_cp_switch_and_forced_piece(monkeypatch):
+    from qla_kernels.gdn.api import _cp_plan
+    from qla_kernels.gdn.plan import build_plan_from_list, plan_fixed
+
+    plan = build_plan_from_list([0, 32768], "cpu")
+    monkeypatch.delenv("QLA_CP", raising=False)
+    assert _cp_plan(plan, 8, 132, None, None) is None  # off unless asked for
+    forced = _cp_plan(plan, 8, 132, True, 64)
+    assert forced is not None and forced.num_pieces == 8 and forced.decision.piece_chunks == 64
+    monkeypatch.setenv("QLA_CP", "1")
+    auto = _cp_plan(plan, 8, 132, None, None)  # 2/8 x 32768 tokens: the cost model splits it
+    assert auto is not None and auto.num_pieces > 1
+    assert _cp_plan(plan, 8, 132, False, None) is None  # the argument wins over the variable
+    assert _cp_plan(build_plan_from_list([0, 100], "cpu"), 8, 132, True, 4) is None  # nothing to split
+    assert _cp_plan(plan_fixed(2, 4096, "cpu"), 8, 132, True, 16).num_pieces == 8  # fixed-length batches too
+    with pytest.raises(ValueError, match="cp_piece must be a positive"):
+        _cp_plan(plan, 8, 132, True, 0)
