@@ -144,6 +144,10 @@ def chunk_gated_delta_rule_fwd(
     shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     impl = resolve_kkt_impl(kkt_impl)
     fimpl = resolve_fused_impl(fused_impl)
+    if shape.batch * shape.seqlen * shape.h_v >= 2**31:
+        # TileLang computes the TMA descriptors' batch stride (tokens x heads) in 32-bit arithmetic
+        raise ValueError(f"B*T*H_v must be below 2**31 (TMA descriptor strides), got "
+                         f"{shape.batch * shape.seqlen * shape.h_v}")
     if block_v is not None and block_v not in BLOCK_V_CHOICES:
         raise ValueError(f"block_v must be one of {BLOCK_V_CHOICES}, got {block_v!r}")
     if q.device.type != "cuda":

@@ -29,7 +29,7 @@ def profile_fused_ws(
 ) -> dict[str, dict[str, float]]:
     """{warpgroup: {phase: mean cycles per chunk}} for one launch of the ws kernel (revision rev) at
     V-slice block_v."""
-    from .fwd.fused_fwd_ws import PHASES, fused_fwd_ws_kernel
+    from .fwd.fused_fwd_ws import NUM_PHASES, fused_fwd_ws_kernel, phases
 
     shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False)
     plan = _plan(q, cu_seqlens)
@@ -46,7 +46,7 @@ def profile_fused_ws(
     o = torch.empty_like(vf)
     ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
     ctas = plan.num_seqs * h_v * (HEAD_DIM // block_v)
-    prof = torch.zeros(ctas, 3, max(len(p) for p in PHASES), dtype=torch.int64, device=q.device)
+    prof = torch.zeros(ctas, 3, NUM_PHASES, dtype=torch.int64, device=q.device)
     kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, HEAD_DIM**-0.5, _TL_DTYPE[q.dtype], use_h0, False, block_v,
                                  True, rev)
     kernel(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht, prof)
@@ -54,4 +54,5 @@ def profile_fused_ws(
     chunks = sum((e - s + CHUNK - 1) // CHUNK for s, e in zip(plan.cu_host[:-1], plan.cu_host[1:]))
     per_cta_chunks = chunks * h_v * (HEAD_DIM // block_v) / ctas
     total = prof.double().sum(0) / ctas / per_cta_chunks
-    return {f"WG{w}": {name: round(total[w, i].item(), 1) for i, name in enumerate(PHASES[w])} for w in range(3)}
+    names = phases(rev)
+    return {f"WG{w}": {name: round(total[w, i].item(), 1) for i, name in enumerate(names[w])} for w in range(3)}

@@ -111,3 +111,15 @@ def test_cp_switch_and_forced_piece(monkeypatch):
     assert _cp_plan(plan_fixed(2, 4096, "cpu"), 8, 132, True, 16).num_pieces == 8  # fixed-length batches too
     with pytest.raises(ValueError, match="cp_piece must be a positive"):
         _cp_plan(plan, 8, 132, True, 0)
+
+
+def test_token_head_product_guard():
+    """B*T*H_v >= 2**31 is refused before any launch (checked on meta tensors: nothing is allocated)."""
+    from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd
+
+    t, h_qk, h_v = 2**25, 16, 64
+    q = torch.empty(1, t, h_qk, 128, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(1, t, h_v, 128, dtype=torch.bfloat16, device="meta")
+    g = torch.empty(1, t, h_v, dtype=torch.float32, device="meta")
+    with pytest.raises(ValueError, match=r"B\*T\*H_v must be below 2\*\*31"):
+        chunk_gated_delta_rule_fwd(q, q, v, g, g)

@@ -12,7 +12,8 @@ Warpgroups (128 threads each):
   WG1 delta  K S -> W = V - D (K S) (over the V stage buffer) -> Vnew = Ag W -> Vd for WG0 first
              (the state chain is the critical path), then Vnew for WG2.
   WG2 output P = Q K^T, Ag = Gamma o A0 o beta (over the A0 stage buffer, handed to WG1),
-             Pg = scale Gamma o P, O = scale D (Q S) + Pg Vnew, stored straight from registers.
+             Pg = scale Gamma o P, O = scale D (Q S) + Pg Vnew, stored from registers (rev 4) or
+             through o_sh by one TMA store per chunk (rev 5).
   WG3 loads  one warp: TMA tiles of q, k (shared by the GVA group), v slice, A0; g and beta as scalars
              (clamped to the sequence's last token, so gamma is right on a ragged tail).
 Critical path per chunk: s_sh -> K S (WG1) -> Ag W (WG1) -> K^T Vd (WG0); everything else overlaps it.
@@ -54,6 +55,20 @@ PHASES = (
     ("wait full", "gemm Q K^T", "Gamma, Ag -> a_sh", "d, Pg -> p_sh", "wait s_ready", "gemm Q S", "O *= d",
      "wait vn_ready", "gemm Pg Vnew", "O store"),
 )
+# rev 5 reorders WG1's tail: Vnew and then Vd are copied before vd_ready (tick 7); tick 8 is the arrives
+PHASES_REV5 = (
+    PHASES[0],
+    ("wait full", "d, d_r", "wait s_ready", "gemm K S", "W (read, copy)", "wait ag_ready", "gemm Ag W",
+     "Vnew, Vd copies", "arrive vn_ready, empty"),
+    PHASES[2][:9] + ("O -> o_sh, TMA store",),
+)
+
+
+def phases(rev: int) -> tuple[tuple[str, ...], ...]:
+    """Names of the profile build's phases per consumer warpgroup, for kernel revision rev."""
+    return PHASES_REV5 if rev >= 5 else PHASES
+
+
 NUM_PHASES = max(len(p) for p in PHASES)
 
 
