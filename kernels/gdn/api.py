@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from .checks import HEAD_DIM, check_fwd_args, check_kkt_args
-from .cp_plan import CPDecision, CPPlan, build_cp_plan, plan_cp
+from .cp_plan import CPPlan, plan_cp
 from .plan import (
     BLOCK_V_CHOICES,
     CHUNK,
@@ -49,22 +49,23 @@ FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
 
 
-def resolve_kkt_impl(impl: str | None = None) -> str:
-    """The kkt_solve implementation to launch: the explicit argument, else $QLA_KKT_IMPL, else v2."""
-    name = impl if impl is not None else os.environ.get(KKT_IMPL_ENV, "").strip() or DEFAULT_KKT_IMPL
-    if name not in KKT_IMPLS:
-        src = "kkt_impl" if impl is not None else f"${KKT_IMPL_ENV}"
-        raise ValueError(f"{src} must be one of {sorted(KKT_IMPLS)}, got {name!r}")
+def _resolve(arg: str | None, arg_name: str, env: str, default: str, choices) -> str:
+    """The explicit argument, else $env (blank counts as unset), else the default; checked."""
+    name = arg if arg is not None else os.environ.get(env, "").strip() or default
+    if name not in choices:
+        src = arg_name if arg is not None else f"${env}"
+        raise ValueError(f"{src} must be one of {sorted(choices)}, got {name!r}")
     return name
+
+
+def resolve_kkt_impl(impl: str | None = None) -> str:
+    """The kkt_solve implementation to launch: the argument, else $QLA_KKT_IMPL, else DEFAULT_KKT_IMPL."""
+    return _resolve(impl, "kkt_impl", KKT_IMPL_ENV, DEFAULT_KKT_IMPL, KKT_IMPLS)
 
 
 def resolve_fused_impl(impl: str | None = None) -> str:
-    """The fused kernel to launch: the explicit argument, else $QLA_FUSED_IMPL, else the default."""
-    name = impl if impl is not None else os.environ.get(FUSED_IMPL_ENV, "").strip() or DEFAULT_FUSED_IMPL
-    if name not in FUSED_IMPLS:
-        src = "fused_impl" if impl is not None else f"${FUSED_IMPL_ENV}"
-        raise ValueError(f"{src} must be one of {sorted(FUSED_IMPLS)}, got {name!r}")
-    return name
+    """The fused kernel to launch: the argument, else $QLA_FUSED_IMPL, else DEFAULT_FUSED_IMPL."""
+    return _resolve(impl, "fused_impl", FUSED_IMPL_ENV, DEFAULT_FUSED_IMPL, FUSED_IMPLS)
 
 
 def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
@@ -106,6 +107,11 @@ class FwdOutput(NamedTuple):
     final_state: torch.Tensor | None
     g_cumsum: torch.Tensor
     a0: torch.Tensor
+
+
+def pack_tokens(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, ...] -> contiguous [1, B*T, ...]: the packed varlen layout every kernel takes."""
+    return x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
 
 
 def _plan(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> ChunkPlan:
@@ -155,14 +161,9 @@ def chunk_gated_delta_rule_fwd(
 
     scale = HEAD_DIM**-0.5 if scale is None else float(scale)
     plan = _plan(q, cu_seqlens)
-    b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v
-    nt = b * t
+    b, t, h_v = shape.batch, shape.seqlen, shape.h_v
     dt = _TL_DTYPE[q.dtype]
-    qf = q.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
-    kf = k.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
-    vf = v.reshape(1, nt, h_v, HEAD_DIM).contiguous()
-    gf = g.reshape(1, nt, h_v).contiguous()
-    bf = beta.reshape(1, nt, h_v).contiguous()
+    qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
 
     g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan)
 
@@ -221,12 +222,8 @@ def chunk_kkt_solve(
     if k.device.type != "cuda":
         raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; k is on {k.device}")
     plan = _plan(k, cu_seqlens)
-    b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v
-    nt = b * t
-    kf = k.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
-    gf = g.reshape(1, nt, h_v).contiguous()
-    bf = beta.reshape(1, nt, h_v).contiguous()
-    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan)
+    b, t, h_v = shape.batch, shape.seqlen, shape.h_v
+    g_cumsum, a0 = _launch_kkt(impl, *(pack_tokens(x) for x in (k, g, beta)), plan)
     return g_cumsum.view(b, t, h_v), a0.view(b, t, h_v, CHUNK)
 
 
@@ -239,12 +236,9 @@ def _cp_plan(plan: ChunkPlan, h_v: int, num_sms: int, cp: bool | None, cp_piece:
         cp = os.environ.get(CP_ENV, "").strip() == "1"
     if not cp:
         return None
-    if cp_piece is not None:
-        if cp_piece < 1:
-            raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
-        cpp = build_cp_plan(plan.cu_host, CPDecision(cp_piece, 64, 0.0, 0.0), plan.cu_seqlens.device)
-    else:
-        cpp = plan_cp(plan, h_v, num_sms)
+    if cp_piece is not None and cp_piece < 1:
+        raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
+    cpp = plan_cp(plan, h_v, num_sms, piece_chunks=cp_piece)  # cached: no host-to-device copy per call
     return cpp if cpp.enabled and cpp.num_pieces > cpp.num_seqs else None
 
 

@@ -124,14 +124,16 @@ def chunk_gated_delta_rule_bwd(
     def group_sum(x):  # per value head -> per qk head (the GVA group shares q and k)
         return x.view(b * t, h_qk, r, dk_).sum(2)
 
-    out_dtype = q.dtype
+    def wide(x):  # gate, beta and state gradients: fp32, or float64 when computed in float64
+        return x if x is None or f == torch.float64 else x.float()
+
     return BwdOutput(
-        dq=group_sum(dq).view(b, t, h_qk, dk_).to(out_dtype),
-        dk=group_sum(dk).view(b, t, h_qk, dk_).to(out_dtype),
+        dq=group_sum(dq).view(b, t, h_qk, dk_).to(q.dtype),
+        dk=group_sum(dk).view(b, t, h_qk, dk_).to(q.dtype),
         dv=dv.view(b, t, h_v, dv_).to(v.dtype),
-        dbeta=dbeta.view(b, t, h_v).float() if f != torch.float64 else dbeta.view(b, t, h_v),
-        dg=dg.view(b, t, h_v).float() if f != torch.float64 else dg.view(b, t, h_v),
-        dh0=dh0.float() if dh0 is not None and f != torch.float64 else dh0,
+        dbeta=wide(dbeta.view(b, t, h_v)),
+        dg=wide(dg.view(b, t, h_v)),
+        dh0=wide(dh0),
     )
 
 

@@ -235,10 +235,17 @@ def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device:
 _cache: OrderedDict[tuple, tuple[weakref.ref, CPPlan]] = OrderedDict()
 
 
-def plan_cp(chunk_plan: ChunkPlan, h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS) -> CPPlan:
+def plan_cp(
+    chunk_plan: ChunkPlan,
+    h_v: int,
+    num_sms: int,
+    h: CPHeuristics = DEFAULT_HEURISTICS,
+    piece_chunks: int | None = None,
+) -> CPPlan:
     """CP plan for a ChunkPlan (from plan_varlen / plan_fixed), cached per (plan object, h_v, #SM,
-    heuristics): built once, from the host offsets the ChunkPlan already holds, so never a host sync."""
-    key = (id(chunk_plan), h_v, num_sms, h)
+    heuristics, forced piece length): built once, from the host offsets the ChunkPlan already holds, so
+    never a host sync. piece_chunks forces pieces of that many chunks instead of the cost model's choice."""
+    key = (id(chunk_plan), h_v, num_sms, h, piece_chunks)
     hit = _cache.get(key)
     if hit is not None and hit[0]() is chunk_plan:
         _cache.move_to_end(key)
@@ -247,7 +254,9 @@ def plan_cp(chunk_plan: ChunkPlan, h_v: int, num_sms: int, h: CPHeuristics = DEF
     if len(cu) < 2:
         raise ValueError("the ChunkPlan has no host offsets (cu_host); build it with plan.build_plan_from_list")
     chunks = [-(-(b - a) // CHUNK) for a, b in itertools.pairwise(cu)]
-    plan = build_cp_plan(cu, choose_cp(chunks, h_v, num_sms, h), chunk_plan.cu_seqlens.device)
+    decision = (CPDecision(piece_chunks, 64, 0.0, 0.0) if piece_chunks is not None
+                else choose_cp(chunks, h_v, num_sms, h))
+    plan = build_cp_plan(cu, decision, chunk_plan.cu_seqlens.device)
     _cache[key] = (weakref.ref(chunk_plan), plan)
     _cache.move_to_end(key)
     while len(_cache) > _CACHE_SIZE:

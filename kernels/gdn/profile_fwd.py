@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .api import _TL_DTYPE, _launch_kkt, _plan, resolve_kkt_impl
+from .api import _TL_DTYPE, _launch_kkt, _plan, pack_tokens, resolve_kkt_impl
 from .checks import HEAD_DIM, check_fwd_args
-from .plan import CHUNK
 
 
 def profile_fused_ws(
@@ -31,15 +30,9 @@ def profile_fused_ws(
     V-slice block_v."""
     from .fwd.fused_fwd_ws import NUM_PHASES, fused_fwd_ws_kernel, phases
 
-    shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False)
+    h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
     plan = _plan(q, cu_seqlens)
-    nt = shape.batch * shape.seqlen
-    h_qk, h_v = shape.h_qk, shape.h_v
-    qf = q.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
-    kf = k.reshape(1, nt, h_qk, HEAD_DIM).contiguous()
-    vf = v.reshape(1, nt, h_v, HEAD_DIM).contiguous()
-    gf = g.reshape(1, nt, h_v).contiguous()
-    bf = beta.reshape(1, nt, h_v).contiguous()
+    qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
     g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None), kf, gf, bf, plan)
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else torch.zeros(1, h_v, HEAD_DIM, HEAD_DIM, device=q.device)
@@ -51,8 +44,6 @@ def profile_fused_ws(
                                  True, rev)
     kernel(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht, prof)
     torch.cuda.synchronize()
-    chunks = sum((e - s + CHUNK - 1) // CHUNK for s, e in zip(plan.cu_host[:-1], plan.cu_host[1:]))
-    per_cta_chunks = chunks * h_v * (HEAD_DIM // block_v) / ctas
-    total = prof.double().sum(0) / ctas / per_cta_chunks
+    total = prof.double().sum(0) / (plan.num_chunks * h_v * (HEAD_DIM // block_v))  # per chunk-step
     names = phases(rev)
     return {f"WG{w}": {name: round(total[w, i].item(), 1) for i, name in enumerate(names[w])} for w in range(3)}

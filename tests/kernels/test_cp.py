@@ -123,3 +123,14 @@ def test_token_head_product_guard():
     g = torch.empty(1, t, h_v, dtype=torch.float32, device="meta")
     with pytest.raises(ValueError, match=r"B\*T\*H_v must be below 2\*\*31"):
         chunk_gated_delta_rule_fwd(q, q, v, g, g)
+
+
+def test_forced_piece_plans_are_cached():
+    """A forced piece length must not rebuild the plan (host-to-device copies) on every call."""
+    from qla_kernels.gdn.api import _cp_plan
+    from qla_kernels.gdn.plan import build_plan_from_list
+
+    plan = build_plan_from_list([0, 8192], "cpu")
+    first = _cp_plan(plan, 8, 132, True, 16)
+    assert _cp_plan(plan, 8, 132, True, 16) is first
+    assert _cp_plan(plan, 8, 132, True, 32) is not first and _cp_plan(plan, 8, 132, True, 32).num_pieces == 4
