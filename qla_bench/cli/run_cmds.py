@@ -253,26 +253,7 @@ def fwd_cmd(
     cache_dir: Path = CACHE,
 ) -> None:
     """Forward sweep: numerics against float64, then timing; rows, table, report and plots."""
-    execute(
-        "fwd",
-        gpu=gpu,
-        backends=backends,
-        sweep=sweep,
-        heads=heads,
-        seqlens=seqlens,
-        out=out,
-        timers=timers,
-        reps=reps,
-        rounds=rounds,
-        isolate=isolate,
-        timeout=timeout,
-        tolerance=tolerance,
-        check_seeds=check_seeds,
-        warm_l2=warm_l2,
-        resume=resume,
-        report=report,
-        cache_dir=cache_dir,
-    )
+    execute("fwd", **locals())  # every option above is an argument of execute, under the same name
 
 
 @app.command("bwd")
@@ -303,26 +284,8 @@ def bwd_cmd(
     """Backward sweep (or --mode train): six gradients against float64 autograd, then timing."""
     if mode not in ("bwd", "train"):
         raise UsageError("--mode", f"unknown mode {mode!r}", "bwd, train")
-    execute(
-        mode,
-        gpu=gpu,
-        backends=backends,
-        sweep=sweep,
-        heads=heads,
-        seqlens=seqlens,
-        out=out,
-        timers=timers,
-        reps=reps,
-        rounds=rounds,
-        isolate=isolate,
-        timeout=timeout,
-        tolerance=tolerance,
-        check_seeds=check_seeds,
-        warm_l2=warm_l2,
-        resume=resume,
-        report=report,
-        cache_dir=cache_dir,
-    )
+    options = {name: value for name, value in locals().items() if name != "mode"}
+    execute(mode, **options)
 
 
 @app.command("check")

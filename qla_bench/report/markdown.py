@@ -295,6 +295,18 @@ def throttle_section(rows: Sequence[Row]) -> list[str]:
     return [*out, *md_table(["backend", "config", "timer", "median", "health"], body, "llllr"), ""]
 
 
+def _ratio_cells(c) -> list[str]:
+    """The leading cells of a compared-ratio row: mode, timer, config and which ratio."""
+    return [
+        c.record.mode,
+        c.timer,
+        c.record.model,
+        c.record.label,
+        f"{c.record.h_qk}/{c.record.h_v}",
+        f"{display_name(c.baseline)} / {display_name(c.record.primary)}",
+    ]
+
+
 def anchors_section(rows: Sequence[Row], anchors: AnchorTable | None, threshold: float = THRESHOLD) -> list[str]:
     out = ["## Comparison with FlashQLA's published ratios", ""]
     if anchors is None:
@@ -347,12 +359,7 @@ def anchors_section(rows: Sequence[Row], anchors: AnchorTable | None, threshold:
         ]
         body = [
             [
-                c.record.mode,
-                c.timer,
-                c.record.model,
-                c.record.label,
-                f"{c.record.h_qk}/{c.record.h_v}",
-                f"{display_name(c.baseline)} / {display_name(c.record.primary)}",
+                *_ratio_cells(c),
                 format_ratio(c.theirs),
                 format_ratio(c.ours),
                 f"{c.deviation:+.0%}",
@@ -380,12 +387,7 @@ def anchors_section(rows: Sequence[Row], anchors: AnchorTable | None, threshold:
         out += ["Published ratios we could not reproduce a number for:", ""]
         body = [
             [
-                c.record.mode,
-                c.timer,
-                c.record.model,
-                c.record.label,
-                f"{c.record.h_qk}/{c.record.h_v}",
-                f"{display_name(c.baseline)} / {display_name(c.record.primary)}",
+                *_ratio_cells(c),
                 c.unavailable,
             ]
             for c in missing

@@ -6,8 +6,6 @@ is the torch chunk-form implementation (not yet the TileLang backward kernels), 
 checked, never speed.
 """
 
-import zlib
-
 import pytest
 import torch
 
@@ -16,7 +14,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu.test_qla_fwd import CASES, make_inputs, rel_l2  # noqa: E402
+from gpu.test_qla_fwd import CASES, case_inputs, rel_l2  # noqa: E402
 
 from qla_bench.reference import chunk_gated_delta_rule_ref_grads  # noqa: E402
 from qla_kernels import chunk_gated_delta_rule  # noqa: E402
@@ -26,10 +24,8 @@ TOL = {"dq": 0.01, "dk": 0.01, "dv": 0.01, "dh0": 0.01, "dg": 0.02, "dbeta": 0.0
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_autograd_matches_float64(name):
-    b, t, h_qk, h_v, cu_list, dtype, h0 = CASES[name]
-    n = b if cu_list is None else len(cu_list) - 1
-    (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, dtype, seed=zlib.crc32(name.encode()) % 1000, h0=h0, n=n)
-    cu = None if cu_list is None else torch.tensor(cu_list, dtype=torch.int32, device="cuda")
+    q, k, v, g, beta, s0, cu = case_inputs(name)
+    n, h_v, dtype = (cu.numel() - 1 if cu is not None else q.shape[0]), v.shape[2], v.dtype
     gen = torch.Generator(device="cuda").manual_seed(1)
     do = torch.randn(v.shape, generator=gen, device="cuda").to(dtype)
     dht = torch.randn(n, h_v, 128, 128, generator=gen, device="cuda")

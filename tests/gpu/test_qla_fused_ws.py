@@ -14,7 +14,6 @@
 import json
 import os
 import statistics
-import zlib
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu.test_qla_fwd import CASES, TOL, make_inputs, rel_l2  # noqa: E402
+from gpu.test_qla_fwd import CASES, TOL, case_inputs, make_inputs, rel_l2  # noqa: E402
 
 from qla_bench.reference import chunk_gated_delta_rule_ref  # noqa: E402
 from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
@@ -41,18 +40,9 @@ def _params():
                 yield impl, name, bv
 
 
-def _case(name):
-    b, t, h_qk, h_v, cu_list, dtype, h0 = CASES[name]
-    n = b if cu_list is None else len(cu_list) - 1
-    seed = zlib.crc32(name.encode()) % 1000
-    (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, dtype, seed=seed, h0=h0, n=n)
-    cu = None if cu_list is None else torch.tensor(cu_list, dtype=torch.int32, device="cuda")
-    return q, k, v, g, beta, s0, cu
-
-
 @pytest.mark.parametrize(("impl", "name", "bv"), list(_params()))
 def test_ws_matches_reference_and_v2(impl, name, bv):
-    q, k, v, g, beta, s0, cu = _case(name)
+    q, k, v, g, beta, s0, cu = case_inputs(name)
     ref_o, ref_s = chunk_gated_delta_rule_ref(
         q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), initial_state=None if s0 is None else s0.cpu(),
         output_final_state=True, cu_seqlens=None if cu is None else cu.cpu(),

@@ -81,13 +81,20 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_fwd_matches_reference(name):
+def case_inputs(name):
+    """(q, k, v, g, beta, h0 or None, cu_seqlens or None) of CASES[name], seeded by the name (shared by
+    the other forward and backward GPU tests)."""
     b, t, h_qk, h_v, cu_list, dtype, h0 = CASES[name]
     n = b if cu_list is None else len(cu_list) - 1
-    seed = zlib.crc32(name.encode()) % 1000
-    (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, dtype, seed=seed, h0=h0, n=n)
+    (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, dtype, seed=zlib.crc32(name.encode()) % 1000, h0=h0, n=n)
     cu = None if cu_list is None else torch.tensor(cu_list, dtype=torch.int32, device="cuda")
+    return q, k, v, g, beta, s0, cu
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fwd_matches_reference(name):
+    q, k, v, g, beta, s0, cu = case_inputs(name)
+    h_v = v.shape[2]
     out = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
     torch.cuda.synchronize()
     ref_o, ref_s = chunk_gated_delta_rule_ref(
