@@ -1,0 +1,84 @@
+"""Build the bundled TileLang kernels for sm_90a into a TileLang cache on a machine without a GPU.
+
+Why: every H200 session starts bare and device time is scarce; a TileLang compile costs 10-60 s of it
+per variant. TileLang keys its disk cache on the kernel's TIR, the target and the pass configs, not on
+the machine, so a cache filled here with the H200's target string is hit there (checked: the same key
+and byte-identical sources as a host-built entry). Needs nvcc and an empty libcuda.so stub on
+LIBRARY_PATH (.ci/run shows how); pack the result with `tar -C CACHE -czf ... tilelang`.
+
+    TILELANG_CACHE_DIR=/tmp/tlc python .ci/precompile-qla-kernels.py [--shard I/N] [--only SUBSTR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# The target string TileLang resolves on an H200 (auto-detection there gives exactly this object).
+os.environ.setdefault("TILELANG_DEFAULT_TARGET", '{"kind":"cuda","arch":"sm_90a"}')
+
+HEAD_DIM = 128
+SCALE = HEAD_DIM**-0.5
+
+
+def variants() -> list[tuple[str, str, tuple]]:
+    """(label, factory, args) for what the forward API and the GPU tests launch in bf16."""
+    from qla_kernels.gdn.api import KKT_IMPLS
+
+    out: list[tuple[str, str, tuple]] = []
+    for dt in ("bfloat16", "float16"):
+        out.append((f"kkt v3 {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt)))
+    out.append(("kkt v3h bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *KKT_IMPLS["v3h"][1])))
+    for rev in (4, 5):
+        for bv in (128, 64, 32):
+            for use_h0 in (True, False):
+                args = (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, rev)
+                out.append((f"ws rev{rev} bv{bv} h0={use_h0}", "fused_fwd_ws_kernel", args))
+    for bv in (128, 64, 32):
+        out.append((f"ws rev5 state pass bv{bv}", "fused_fwd_ws_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, False, bv, False, 5, True)))  # fmt: skip
+    for rev in (4, 5):
+        out.append((f"ws rev{rev} profile bv128", "fused_fwd_ws_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, 128, True, rev)))  # fmt: skip
+    for bv in (128, 64, 32):
+        for use_h0 in (True, False):
+            out.append((f"v2 bv{bv} h0={use_h0}", "fused_fwd_kernel",
+                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv)))  # fmt: skip
+    return out
+
+
+def factory(name: str):
+    from qla_kernels.gdn.fwd import fused_fwd, fused_fwd_ws, kkt_solve_v3
+
+    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd):
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    raise KeyError(name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shard", default="0/1", help="I/N: build every N-th variant starting at I")
+    ap.add_argument("--only", default="", help="build only variants whose label contains this")
+    opts = ap.parse_args()
+    i, n = (int(x) for x in opts.shard.split("/"))
+    if "TILELANG_CACHE_DIR" not in os.environ:
+        print("set TILELANG_CACHE_DIR to the cache to fill", file=sys.stderr)
+        return 2
+    todo = [v for j, v in enumerate(variants()) if j % n == i and opts.only in v[0]]
+    failed = 0
+    for label, fname, args in todo:
+        t0 = time.time()
+        try:
+            factory(fname)(*args)
+            print(f"built {label} in {time.time() - t0:.1f} s", flush=True)
+        except Exception as e:  # report and go on: one bad variant must not stop the rest
+            failed += 1
+            print(f"FAILED {label}: {type(e).__name__}: {str(e)[:500]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
