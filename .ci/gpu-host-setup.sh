@@ -14,8 +14,10 @@ export FLASHINFER_WORKSPACE_BASE=$QLA_CACHE_DIR/flashinfer
 export TRITON_CACHE_AUTOTUNING=1
 # A cache carried back from an earlier host session (.ci/gpu-host-pack-cache.sh wrote it under $OUT):
 # the host starts bare each session, and TileLang/Triton compiles are most of a cold sweep's time.
-if [ -f .gpuhost/qla-cache.tgz ] && [ ! -f "$QLA_CACHE_DIR/.unpacked" ]; then
-  mkdir -p "$QLA_CACHE_DIR" && tar -C "$QLA_CACHE_DIR" -xzf .gpuhost/qla-cache.tgz && touch "$QLA_CACHE_DIR/.unpacked"
+if [ ! -f "$QLA_CACHE_DIR/.unpacked" ]; then
+  mkdir -p "$QLA_CACHE_DIR"
+  for _c in .gpuhost/qla-cache*.tgz; do [ -f "$_c" ] && tar -C "$QLA_CACHE_DIR" -xzf "$_c"; done
+  touch "$QLA_CACHE_DIR/.unpacked"; unset _c
 fi
 # Prebuilt FlashInfer 0.6.9 GDN prefill module (.ci/build-flashinfer-gdn.sh), when carried in .gpuhost/:
 # skips FlashInfer's ~13-minute JIT build on the host.
