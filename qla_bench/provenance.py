@@ -158,9 +158,50 @@ def read_health(index: int = 0) -> dict[str, object]:
         return {}
 
 
-# NVML throttle bits that mean the measurement ran slower than the card can (idle and app-clock bits are benign)
-_BAD_THROTTLE_BITS = 0x2 | 0x4 | 0x8 | 0x20 | 0x40 | 0x80 | 0x100
+# NVML clock-event (throttle) reason bits. Idle (0x1), application-clock (0x2), sync-boost (0x10) and
+# display-clock (0x100) settings are benign; the others mean the card ran slower than it can.
+THROTTLE_REASON_NAMES = {
+    0x1: "idle",
+    0x2: "app clocks",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "SW thermal",
+    0x40: "HW thermal",
+    0x80: "HW power brake",
+    0x100: "display clocks",
+}
+_BAD_THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
 def is_throttled(before: dict[str, object], after: dict[str, object]) -> bool:
     return any(int(h.get("throttle_reasons", 0)) & _BAD_THROTTLE_BITS for h in (before, after) if h)
+
+
+def throttle_names(bits: int) -> list[str]:
+    return [name for bit, name in THROTTLE_REASON_NAMES.items() if bits & bit]
+
+
+def describe_health(health: dict[str, dict[str, object]]) -> str:
+    """One line for a row's health readings: slowing reasons (before/after), SM clock, temperature, power."""
+    snaps = [(w, health[w]) for w in ("before", "after") if health.get(w)]
+    if not snaps:
+        return "-"
+    parts = []
+    for when, h in snaps:
+        bad = throttle_names(int(h.get("throttle_reasons", 0)) & _BAD_THROTTLE_BITS)
+        if bad:
+            parts.append(f"{', '.join(bad)} ({when})")
+
+    def span(key: str, unit: str) -> str | None:
+        vals = [float(h[key]) for _, h in snaps if h.get(key) is not None]
+        if not vals:
+            return None
+        lo, hi = min(vals), max(vals)
+        return f"{lo:.0f}{unit}" if lo == hi else f"{lo:.0f}-{hi:.0f}{unit}"
+
+    for key, label, unit in (("sm_clock_mhz", "SM ", " MHz"), ("temp_c", "", " C"), ("power_w", "", " W")):
+        text = span(key, unit)
+        if text:
+            parts.append(label + text)
+    return "; ".join(parts)

@@ -58,7 +58,12 @@ def _now() -> str:
 
 def open_sessions(opts: RunOptions) -> dict[str, BackendSession | IsolatedSession]:
     if opts.isolate:
-        return {b: IsolatedSession(b, opts.device, opts.tolerance, opts.cold_l2, opts.timeout_s) for b in opts.backends}
+        sessions = {
+            b: IsolatedSession(b, opts.device, opts.tolerance, opts.cold_l2, opts.timeout_s) for b in opts.backends
+        }
+        for s in sessions.values():
+            s.warm_up()  # all workers import their libraries at once
+        return sessions
     return {b: BackendSession(b, opts.device, opts.tolerance, opts.cold_l2) for b in opts.backends}
 
 

@@ -94,6 +94,13 @@ class BackendSession:
         except Exception as exc:  # a library that explodes on import is unavailable, not fatal
             return f"{type(exc).__name__}: {exc}"
 
+    def warm(self) -> str | None:
+        """Import the library and create the device context ahead of the first config; availability()."""
+        why = self.availability()
+        if self.device.type == "cuda":
+            torch.empty(1, device=self.device)
+        return why
+
     def setup(self, wl: Workload, mode: str, seed: int, check_seeds: int = 1) -> SetupResult:
         self.prepared = None
         base = {"versions": self.backend.versions(), "env_flags": self.backend.env_flags()}

@@ -28,11 +28,17 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fake_backends(monkeypatch):
     """Register tests/fakes/fake_backends.py as a plug-in, in this process and in spawned workers."""
+    import importlib
+
     import qla_bench.backends as reg
 
-    monkeypatch.setenv("QLA_BENCH_BACKENDS", "fakes.fake_backends")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setattr(reg, "_loaded", False)
     reg._load_builtins()
+    before = dict(reg._REGISTRY)  # the built-in backends alone
+    monkeypatch.setenv("QLA_BENCH_BACKENDS", "fakes.fake_backends")  # read by spawned workers
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    import fakes.fake_backends as fakes
+
+    importlib.reload(fakes)  # runs its @register decorators again, also on a second use
     yield
-    monkeypatch.setattr(reg, "_loaded", False)
+    reg._REGISTRY.clear()  # the fakes must not become "all available backends" of later tests
+    reg._REGISTRY.update(before)

@@ -109,6 +109,26 @@ def test_isolation_survives_segfault_hang_and_exception(tmp_path, fake_backends)
     assert time.time() - t0 < 110
 
 
+def test_isolated_workers_load_their_libraries_in_parallel(tmp_path, fake_backends, monkeypatch):
+    # each fake "import" takes 4 s; started one after another they would begin >= 4 s apart
+    monkeypatch.setenv("QLA_TEST_STAMP_DIR", str(tmp_path))
+    opts = _opts(["fake-slow-a", "fake-slow-b"], isolate=True, timeout_s=60)
+    rows = run_sweep(_sweep(seqlens=["1x70"]), opts, tmp_path / "rows.jsonl")
+    assert {r.status for r in rows} == {"PASSED"}
+    a, b = (float((tmp_path / n).read_text()) for n in ("fake-slow-a", "fake-slow-b"))
+    assert abs(a - b) < 3.0
+
+
+def test_worker_dying_while_warming_up_becomes_error_rows(tmp_path, fake_backends):
+    opts = _opts(["fake-dies-on-import", "torch"], isolate=True, timeout_s=30)
+    rows = run_sweep(_sweep(), opts, tmp_path / "rows.jsonl")
+    by = {(r.backend, r.label): r for r in rows}
+    for label in ("1x70", "1+33"):
+        dead = by[("fake-dies-on-import", label)]
+        assert dead.status == "ERROR" and "exit code 3" in dead.reason
+        assert by[("torch", label)].status == "PASSED"
+
+
 def test_results_folder_skips_side_folders(tmp_path):
     from qla_bench.rows import load_rows
 

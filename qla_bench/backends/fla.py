@@ -201,5 +201,4 @@ def _bwd_outputs(res: tuple) -> dict[str, torch.Tensor]:
     return {"dq": dq, "dk": dk, "dv": dv, "dg": dg, "dbeta": db, "dh0": dh0}
 
 
-
 __all__ = ["FlaBackend", "FlaBwdFacts", "fla_bwd_blocker", "fla_bwd_dqkwg_kernel"]

@@ -115,5 +115,4 @@ def _bwd_outputs(res: tuple) -> dict[str, torch.Tensor]:
     return {"dq": dq, "dk": dk, "dv": dv, "dg": dg, "dbeta": db, "dh0": dh0}
 
 
-
 __all__ = ["FlashQLABackend", "flashqla_arch_reason"]

@@ -11,6 +11,7 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from ..provenance import describe_health, is_throttled
 from ..rows import Row, Status
 from ..stats import geomean
 from .anchors import AnchorTable
@@ -276,8 +277,15 @@ def roofline_section(rows: Sequence[Row]) -> list[str]:
     return out
 
 
+def _throttled(row: Row) -> bool:
+    """From the recorded NVML readings when present (the set of slowing bits may have been refined since)."""
+    if row.health:
+        return is_throttled(row.health.get("before") or {}, row.health.get("after") or {})
+    return row.throttled
+
+
 def throttle_section(rows: Sequence[Row]) -> list[str]:
-    throttled = [r for r in rows if r.throttled]
+    throttled = [r for r in rows if _throttled(r)]
     out = ["## Device health", ""]
     if not throttled:
         return [*out, "No row was measured while the GPU reported throttling.", ""]
@@ -288,11 +296,11 @@ def throttle_section(rows: Sequence[Row]) -> list[str]:
             _config_text(r),
             r.timer or "-",
             format_ms(r.median_ms),
-            _cell(r.health or "-"),
+            describe_health(r.health) if r.health else "-",
         ]
         for r in throttled
     ]
-    return [*out, *md_table(["backend", "config", "timer", "median", "health"], body, "llllr"), ""]
+    return [*out, *md_table(["backend", "config", "timer", "median", "health (before/after)"], body, "lllrl"), ""]
 
 
 def _ratio_cells(c) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
@@ -107,3 +108,52 @@ class UnavailableBackend(_Fake):
 
     def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:  # pragma: no cover - never reached
         raise AssertionError("prepare() called on an unavailable backend")
+
+
+class _SlowImport(_Fake):
+    """A library whose import takes seconds: the first available() stamps when it started, then sleeps."""
+
+    imported = False  # like sys.modules: only the first call pays for the import
+
+    def available(self) -> str | None:
+        if not type(self).imported:
+            stamp_dir = os.environ.get("QLA_TEST_STAMP_DIR")
+            if stamp_dir:
+                with open(os.path.join(stamp_dir, self.name), "w") as f:
+                    f.write(repr(time.time()))
+            time.sleep(4)
+            type(self).imported = True
+        return None
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        x = inputs
+
+        def run():
+            return chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
+
+        return Prepared(run=run, outputs=lambda r: {"o": r[0], "final_state": r[1]}, graph_safe=False)
+
+
+@register
+class SlowImportA(_SlowImport):
+    name = "fake-slow-a"
+
+
+@register
+class SlowImportB(_SlowImport):
+    name = "fake-slow-b"
+
+
+@register
+class DiesOnImport(_Fake):
+    """The process exits while importing its library (a broken extension module)."""
+
+    name = "fake-dies-on-import"
+
+    def available(self) -> str | None:
+        if multiprocessing.current_process().name.startswith("qla-worker"):
+            os._exit(3)
+        return "dies on import (simulated; only inside an isolated worker)"
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:  # pragma: no cover - never reached
+        raise AssertionError("prepare() called after a failed import")

@@ -104,15 +104,32 @@ def test_roofline_and_throttled_rows(rows):
         if r.passed:
             r.pct_roofline, r.tflops, r.gbps = 10.0 + i, 50.0 + i, 1000.0
     rows[0].throttled = True
-    rows[0].health = {"throttle": "HW_SLOWDOWN"}
+    rows[0].health = {
+        "before": {"throttle_reasons": 0x1, "sm_clock_mhz": 1980, "temp_c": 50},
+        "after": {"throttle_reasons": 0x8, "sm_clock_mhz": 1755, "temp_c": 61},
+    }
+    # flagged when measured with an older bit set, but idle + app clocks are benign: not listed
+    rows[1].throttled = True
+    rows[1].health = {"before": {"throttle_reasons": 0x3}, "after": {"throttle_reasons": 0x1}}
     text = render_markdown(rows)
     roof = table_rows(section(text, "## Roofline"))
     qla = next(x for x in roof if x[:3] == ["qla", "fwd", "cuda-graph"])
     pcts = sorted(r.pct_roofline for r in rows if r.backend == "qla" and r.mode == "fwd")
     assert float(qla[5]) == pytest.approx(max(pcts)) and int(qla[3]) == len(pcts)
     health = section(text, "## Device health")
-    assert "1 row(s) measured while throttled" in health and "HW_SLOWDOWN" in health
-    assert "while throttled" not in section(render_markdown([r for r in rows if not r.throttled]), "## Device")
+    assert "1 row(s) measured while throttled" in health
+    assert "HW slowdown (after); SM 1755-1980 MHz; 50-61 C" in health
+    assert "while throttled" not in section(render_markdown(rows[1:]), "## Device")
+
+
+def test_describe_health_names_only_slowing_reasons():
+    from qla_bench.provenance import describe_health, is_throttled, throttle_names
+
+    assert throttle_names(0x4 | 0x40) == ["SW power cap", "HW thermal"]
+    h = {"before": {"throttle_reasons": 0x4, "power_w": 690.0}, "after": {"throttle_reasons": 0x2, "power_w": 700.4}}
+    assert describe_health(h) == "SW power cap (before); 690-700 W"
+    assert is_throttled(h["before"], h["after"]) and not is_throttled(h["after"], {})
+    assert describe_health({}) == "-"
 
 
 def test_numerics_count_each_config_once_across_timers(rows):
