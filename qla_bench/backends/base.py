@@ -74,6 +74,9 @@ class Backend(ABC):
     description: str = ""
     modes: tuple[str, ...] = ("fwd",)
     distributions: tuple[str, ...] = ()  # PyPI distributions whose versions go into every row
+    # True when its first call times candidate configs on the GPU (Triton autotune): `prepare --jobs`
+    # then keeps it in one job of its own, since concurrent GPU work would skew the choice it keeps.
+    tunes_on_device: bool = False
 
     @abstractmethod
     def available(self) -> str | None:

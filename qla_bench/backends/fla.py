@@ -124,6 +124,7 @@ class FlaBackend(Backend):
     description = "FLA 0.6.0 Triton kernels via chunk_gated_delta_rule_fwd/_bwd (no FlashQLA dispatch)"
     modes = ("fwd", "bwd", "train")
     distributions = ("fla-core", "flash-linear-attention", "triton", "tilelang")
+    tunes_on_device = True  # Triton autotune on first call per shape
 
     def available(self) -> str | None:
         return library_reason("fla", "fla-core", ENTRY_MODULE)

@@ -349,11 +349,25 @@ def prepare_cmd(
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds per backend and config (JIT builds)."),
     cache_dir: Path = CACHE,
     mode: str = typer.Option("fwd", "--mode", help="fwd, bwd or train."),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        "-j",
+        help="Processes compiling at once: one per head config, plus one job that walks every head config "
+        "for the backends that autotune on the GPU (FLA). 1: everything in this process.",
+    ),
 ) -> None:
     """Compile/autotune everything a sweep needs (first-call times recorded), so later runs compile nothing."""
     import os
 
+    if jobs < 1:
+        raise UsageError("--jobs", f"must be >= 1, got {jobs}")
+    if mode not in ("fwd", "bwd", "train"):
+        raise UsageError("--mode", f"unknown mode {mode!r}", "fwd, bwd, train")
     os.environ["QLA_FLASHINFER_ALLOW_BUILD"] = "1"  # the one command allowed to start FlashInfer's JIT build
+    if jobs > 1:
+        _prepare_in_jobs(mode, jobs, gpu, backends, sweep, heads, seqlens, out, isolate, timeout, cache_dir)
+        return
     execute(
         mode,
         gpu=gpu,
@@ -376,3 +390,49 @@ def prepare_cmd(
         numerics_only=True,
         rows_file=f"numerics/prepare-{mode}.jsonl",
     )
+
+
+def _prepare_in_jobs(
+    mode: str,
+    jobs: int,
+    gpu: str | None,
+    backends: str | None,
+    sweep: str | None,
+    heads: str | None,
+    seqlens: str | None,
+    out: Path | None,
+    isolate: bool | None,
+    timeout: float,
+    cache_dir: Path | None,
+) -> None:
+    """prepare --jobs N: checks everything here, then one subprocess per job (prepare_jobs.py)."""
+    from .prepare_jobs import cli_base_argv, head_specs, plan_jobs, run_prepare_jobs
+
+    started = time.perf_counter()
+    gpu_name = resolve_gpu(gpu)
+    the_sweep = build_sweep(mode, sweep, heads, seqlens, gpu_name != CPU_GPU_NAME)
+    names = parse_backends(backends) if backends else default_backends(mode)
+    planned = plan_jobs(names, head_specs(the_sweep))
+    out_dir = Path(out) if out else results_dir(gpu_name)
+    rows_file = f"numerics/prepare-{mode}.jsonl"
+    passthrough = {
+        "--gpu": gpu_name,
+        "--sweep": sweep or the_sweep.name,
+        "--seqlens": seqlens,
+        "--timeout": timeout,
+        "--cache-dir": cache_dir,
+    }
+    base = cli_base_argv(mode, passthrough)
+    if isolate is not None:
+        base.append("--isolate" if isolate else "--no-isolate")
+    err_console.print(
+        f"[dim]prepare: {len(planned)} jobs over {len(head_specs(the_sweep))} head configs, "
+        f"{min(jobs, len(planned))} at a time; logs in {out_dir / 'prepare-jobs'}[/]"
+    )
+    rows, failed = run_prepare_jobs(planned, jobs, base, out_dir, rows_file)
+    print_summary(rows, mode)
+    err_console.print(f"[dim]rows: {out_dir / rows_file}; wall time {time.perf_counter() - started:.1f} s[/]")
+    if failed:
+        for job in failed:
+            err_console.print(f"[red]job {job.name} failed ({job.exit_text()}); log: {job.log}[/]")
+        raise typer.Exit(1)
