@@ -30,3 +30,4 @@ step kkt-time 40 "$K" -k time
 step cp-check 60 tests/gpu/test_qla_cp.py -k "not time"
 step cp-time 40 tests/gpu/test_qla_cp.py -k time
 step bwd 90 tests/gpu/test_qla_bwd.py
+step bwd-dstate 60 tests/gpu/test_qla_bwd_dstate.py

@@ -24,7 +24,7 @@ SCALE = HEAD_DIM**-0.5
 
 
 def variants() -> list[tuple[str, str, tuple]]:
-    """(label, factory, args) for what the forward API and the GPU tests launch in bf16."""
+    """(label, factory, args) for what the forward and backward APIs and the GPU tests launch in bf16."""
     from qla_kernels.gdn.api import KKT_IMPLS
 
     out: list[tuple[str, str, tuple]] = []
@@ -46,13 +46,18 @@ def variants() -> list[tuple[str, str, tuple]]:
         for use_h0 in (True, False):
             out.append((f"v2 bv{bv} h0={use_h0}", "fused_fwd_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv)))  # fmt: skip
+    for bv in (128, 64, 32):
+        for use_dht in (True, False):
+            out.append((f"bwd dstate chain bv{bv} dht={use_dht}", "bwd_dstate_kernel",
+                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv)))  # fmt: skip
     return out
 
 
 def factory(name: str):
+    from qla_kernels.gdn.bwd import dstate_chain
     from qla_kernels.gdn.fwd import fused_fwd, fused_fwd_ws, kkt_solve_v3
 
-    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd):
+    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd, dstate_chain):
         if hasattr(mod, name):
             return getattr(mod, name)
     raise KeyError(name)

@@ -219,3 +219,40 @@ def _chunk_bwd(qf, kf, vf, gf, bf, af, dof, c0, c1, r, scale, s, ds_next):
         "dbeta": dbeta.transpose(0, 1),
         "dg": dg_raw.transpose(0, 1),
     }
+
+
+def dstate_chain(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g_cumsum: torch.Tensor,
+    beta: torch.Tensor,
+    A: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    scale: float,
+    cu_seqlens: list[int],
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stage 1 of the backward alone (the specification of gdn/bwd/dstate_chain.py): B = 1 packed inputs
+    -> (dS' of every chunk [num_chunks,H_v,K,V], dv [T,H_v,V], dh0 [N,H_v,K,V]). The chain never reads
+    the forward's states or v, so the per-chunk step runs with S = 0 and V = 0."""
+    f = compute_dtype
+    h_qk, h_v, dk_, dv_ = q.shape[2], g_cumsum.shape[2], q.shape[3], do.shape[3]
+    qf, kf, gf, bf, af, dof = (x[0].to(f) for x in (q, k, g_cumsum, beta, A, do))
+    zeros_v = torch.zeros(q.shape[1], h_v, dv_, dtype=f, device=q.device)
+    s0 = torch.zeros(h_v, dk_, dv_, dtype=f, device=q.device)
+    ds_next: list[torch.Tensor] = []
+    dh0: list[torch.Tensor] = []
+    dv = torch.zeros_like(zeros_v)
+    for s, (lo, hi) in enumerate(itertools.pairwise(cu_seqlens)):
+        ds = dht[s].to(f) if dht is not None else torch.zeros_like(s0)
+        per_seq = []
+        for c0 in reversed(range(lo, hi, CHUNK)):
+            per_seq.append(ds)
+            c1 = min(c0 + CHUNK, hi)
+            out = _chunk_bwd(qf, kf, zeros_v, gf, bf, af, dof, c0, c1, h_v // h_qk, scale, s0, ds)
+            ds = out["ds"]
+            dv[c0:c1] = out["dv"]
+        ds_next += reversed(per_seq)
+        dh0.append(ds)
+    return torch.stack(ds_next), dv, torch.stack(dh0)

@@ -87,3 +87,18 @@ def test_api_rejects_cpu_and_head_first():
         from qla_kernels.gdn.plan import plan_varlen
 
         plan_varlen(torch.tensor([0, 4, 4, 10]), 10)
+
+
+def test_bwd_dstate_rejects_bad_input_before_launch():
+    from qla_kernels.gdn.bwd_api import chunk_bwd_dstate
+
+    q, k, v, g, beta = _args(t=70)
+    a = torch.zeros(1, 70, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="A must be"):
+        chunk_bwd_dstate(q, k, g, beta, a[..., :32], v)
+    with pytest.raises(ValueError, match="block_v must be one of"):
+        chunk_bwd_dstate(q, k, g, beta, a, v, block_v=48)
+    with pytest.raises(ValueError, match="CUDA"):  # this machine's tensors are on the CPU
+        chunk_bwd_dstate(q, k, g, beta, a, v)
+    with pytest.raises(ValueError, match="v head dim"):  # do is checked like v
+        chunk_bwd_dstate(q, k, g, beta, a, v[..., :64])

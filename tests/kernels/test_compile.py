@@ -97,3 +97,13 @@ def test_cp_state_pass_compiles(block_v):
     assert rep.name.startswith("cp_state_pass"), rep.name
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+
+
+@pytest.mark.parametrize(("block_v", "use_dht"), [(64, True), (128, False), (32, True)])
+def test_bwd_dstate_chain_compiles(block_v, use_dht):
+    from qla_kernels.gdn.bwd.dstate_chain import PASS_CONFIGS, bwd_dstate_program
+
+    rep = build_sm90a(bwd_dstate_program(128, 128, 128**-0.5, "bfloat16", use_dht, block_v), PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()

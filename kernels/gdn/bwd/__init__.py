@@ -1,0 +1,1 @@
+"""TileLang kernels of the GDN backward (issue 6): stage 1, the reverse dS chain (dstate_chain.py)."""

@@ -1,0 +1,195 @@
+"""Stage 1 of the backward: the reverse chain of state gradients, and dv.
+
+One CTA per (sequence, value head, V-slice) walks that sequence's chunks last to first, keeping dS (the
+gradient of the state after the current chunk) in fp32 on chip. Per chunk, with the forward's
+D = diag(exp(g)), D_r = diag(exp(gamma - g)), Gamma_ij = exp(g_i - g_j) on i >= j,
+Ag = (Gamma o A0) diag(beta) and P = scale Gamma o (Q K^T) (gdn/bwd_chunked.py, the specification):
+    dVn = P^T dO + D_r (K dS')
+    dW  = Ag^T dVn                                  (= dv of the chunk's tokens)
+    dS  = exp(gamma) dS' + scale Q^T (D dO) - K^T (D dW)
+None of this reads the forward's states S_c or v: the chain is linear in dS' with coefficients from
+q, k, g, beta, A0 and dO only, and each V-slice of dS depends on the same slice of dS' and dO alone, so
+V splits across CTAs as in the forward. Written out: dS' of every chunk (what the per-chunk gradient
+stage needs next to S_c), dv, and dh0 = dS of the first chunk.
+
+Ragged tails: g is clamped to the last valid token's (gamma stays right), dO rows past the end load as
+zero and D_r is zero there, so those rows carry nothing into dS and their dv is never stored.
+
+cpu_debug=True builds the same program for TileLang's C backend (GEMMs as loops, fragments as shared
+buffers, fp32 in and out) so tests/kernels/test_bwd_dstate_cpu.py can run it against float64.
+"""
+
+import tilelang
+import tilelang.language as T
+
+CHUNK = 64
+LOG2E = 1.4426950408889634
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+
+def bwd_dstate_program(
+    dk: int,
+    dv: int,
+    scale: float,
+    dtype: str,
+    use_dht: bool,
+    block_v: int = 64,
+    threads: int = 256,
+    cpu_debug: bool = False,
+):
+    """TileLang program: (q, k, g_cumsum, beta, A0, dO, dht, cu_seqlens, chunk_offsets) ->
+    (dv [1,T,H_v,V] fp32, ds_next [num_chunks,H_v,K,V] fp32, dh0 [N,H_v,K,V] fp32). Varlen (B = 1).
+
+    chunk_offsets[s] is the index of sequence s's first chunk in ds_next (a prefix sum of
+    ceil(len / 64)). Head counts are runtime values.
+    """
+    C = CHUNK
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nv = dv // block_v
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs")
+    nc = T.dynamic("num_chunks")
+    nht = T.dynamic("num_dht")
+    acc = "float32"
+
+    @T.macro
+    def loop_gemm(a, b, out, transpose_a, transpose_b, clear):
+        """CPU stand-in for T.gemm(a, b, out, transpose_A, transpose_B, clear_accum) (fp32 sums)."""
+        rows = a.shape[1] if transpose_a else a.shape[0]
+        inner = a.shape[0] if transpose_a else a.shape[1]
+        cols = b.shape[0] if transpose_b else b.shape[1]
+        for i, j in T.Parallel(rows, cols):
+            if clear:
+                out[i, j] = 0.0
+            for r in T.serial(inner):
+                x = T.cast(a[r, i], acc) if transpose_a else T.cast(a[i, r], acc)
+                y = T.cast(b[j, r], acc) if transpose_b else T.cast(b[r, j], acc)
+                out[i, j] = out[i, j] + x * y
+
+    @T.macro
+    def mm(a, b, out, transpose_a=False, transpose_b=False, clear=True):
+        if cpu_debug:
+            loop_gemm(a, b, out, transpose_a, transpose_b, clear)
+        else:
+            T.gemm(a, b, out, transpose_A=transpose_a, transpose_B=transpose_b, clear_accum=clear)
+
+    def alloc_sh(shape, dt):
+        # the C backend wants static shared memory
+        return T.alloc_shared(shape, dt, scope="shared") if cpu_debug else T.alloc_shared(shape, dt)
+
+    alloc_acc = (lambda shape: alloc_sh(shape, acc)) if cpu_debug else (lambda shape: T.alloc_fragment(shape, acc))
+
+    @T.prim_func
+    def bwd_dstate(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+        dht: T.Tensor((nht, h_v, dk, dv), acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        chunk_offsets: T.Tensor((ns + 1,), "int32"),
+        dv_out: T.Tensor((1, nt, h_v, dv), acc),
+        ds_next: T.Tensor((nc, h_v, dk, dv), acc),
+        dh0: T.Tensor((ns, h_v, dk, dv), acc),
+    ):
+        with T.Kernel(ns * h_v * nv, threads=threads) as (bid,):
+            seq = bid // (h_v * nv)
+            bh = (bid // nv) % h_v
+            v0 = (bid % nv) * block_v
+            bhg = bh // (h_v // h_qk)
+            start = cu_seqlens[seq]
+            end = cu_seqlens[seq + 1]
+            n_chunks = T.ceildiv(end - start, C)
+            first_chunk = chunk_offsets[seq]
+
+            q_sh = alloc_sh((C, dk), dtype)
+            k_sh = alloc_sh((C, dk), dtype)
+            do_sh = alloc_sh((C, block_v), dtype)
+            a_sh = alloc_sh((C, C), dtype)
+            g_sh = alloc_sh((C,), acc)
+            b_sh = alloc_sh((C,), acc)
+            d_sh = alloc_sh((C,), acc)
+            dr_sh = alloc_sh((C,), acc)
+            ds_sh = alloc_sh((dk, block_v), dtype)
+            p_sh = alloc_sh((C, C), dtype)
+            ag_sh = alloc_sh((C, C), dtype)
+            dvn_sh = alloc_sh((C, block_v), dtype)
+            dod_sh = alloc_sh((C, block_v), dtype)
+            dwd_sh = alloc_sh((C, block_v), dtype)
+
+            ds = alloc_acc((dk, block_v))
+            kds = alloc_acc((C, block_v))
+            dvn = alloc_acc((C, block_v))
+            dw = alloc_acc((C, block_v))
+            p = alloc_acc((C, C))
+            ag = alloc_acc((C, C))
+
+            if use_dht:
+                for i, j in T.Parallel(dk, block_v):
+                    ds[i, j] = dht[seq, bh, i, v0 + j]
+            else:
+                for i, j in T.Parallel(dk, block_v):
+                    ds[i, j] = 0.0
+
+            for ci in T.serial(n_chunks):
+                c = n_chunks - 1 - ci
+                t0 = start + c * C
+                # dS' of this chunk: the gradient of the state after it
+                for i, j in T.Parallel(dk, block_v):
+                    ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
+                    ds_sh[i, j] = T.cast(ds[i, j], dtype)
+                for i, j in T.Parallel(C, dk):
+                    q_sh[i, j] = q[0, T.min(t0 + i, end - 1), bhg, j]
+                    k_sh[i, j] = k[0, T.min(t0 + i, end - 1), bhg, j]
+                for i, j in T.Parallel(C, block_v):
+                    x = T.cast(grad_o[0, T.min(t0 + i, end - 1), bh, v0 + j], acc)
+                    do_sh[i, j] = T.cast(T.if_then_else(t0 + i < end, x, 0.0), dtype)
+                for i, j in T.Parallel(C, C):
+                    a_sh[i, j] = a0[0, T.min(t0 + i, end - 1), bh, j]
+                for i in T.Parallel(C):
+                    g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                    b_sh[i] = beta[0, T.min(t0 + i, end - 1), bh]
+                for i in T.Parallel(C):
+                    d_sh[i] = T.exp2(g_sh[i] * LOG2E)
+                    dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+
+                # P = scale Gamma o (Q K^T), Ag = (Gamma o A0) diag(beta), both lower triangular
+                mm(q_sh, k_sh, p, transpose_b=True)
+                for i, j in T.Parallel(C, C):
+                    p_sh[i, j] = T.cast(
+                        T.if_then_else(i >= j, p[i, j] * scale * T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0), dtype
+                    )
+                    ag[i, j] = T.if_then_else(
+                        i >= j, T.cast(a_sh[i, j], acc) * T.exp2((g_sh[i] - g_sh[j]) * LOG2E) * b_sh[j], 0.0
+                    )
+                T.copy(ag, ag_sh)
+                # dVn = P^T dO + D_r (K dS')
+                mm(k_sh, ds_sh, kds)
+                mm(p_sh, do_sh, dvn, transpose_a=True)
+                for i, j in T.Parallel(C, block_v):
+                    dvn_sh[i, j] = T.cast(dvn[i, j] + dr_sh[i] * kds[i, j], dtype)
+                # dW = Ag^T dVn, the chunk's dv
+                mm(ag_sh, dvn_sh, dw, transpose_a=True)
+                for i, j in T.Parallel(C, block_v):
+                    if t0 + i < end:
+                        dv_out[0, t0 + i, bh, v0 + j] = dw[i, j]
+                # dS = exp(gamma) dS' + Q^T (scale D dO) + K^T (-D dW)
+                for i, j in T.Parallel(C, block_v):
+                    dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+                    dwd_sh[i, j] = T.cast(-d_sh[i] * dw[i, j], dtype)
+                for i, j in T.Parallel(dk, block_v):
+                    ds[i, j] = ds[i, j] * d_sh[C - 1]
+                mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                mm(k_sh, dwd_sh, ds, transpose_a=True, clear=False)
+
+            for i, j in T.Parallel(dk, block_v):
+                dh0[seq, bh, i, v0 + j] = ds[i, j]
+
+    return bwd_dstate
+
+
+bwd_dstate_kernel = tilelang.jit(bwd_dstate_program, pass_configs=PASS_CONFIGS)
