@@ -50,14 +50,18 @@ def variants() -> list[tuple[str, str, tuple]]:
         for use_dht in (True, False):
             out.append((f"bwd dstate chain bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv)))  # fmt: skip
+    out.append(("bwd chunk grads", "bwd_chunk_grads_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
+    for use_h0 in (True, False):  # bwd_api.chunk_states: the v2 forward storing every chunk's start state
+        out.append((f"v2 state store bv32 h0={use_h0}", "fused_fwd_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, 32, 256, 2, True)))  # fmt: skip
     return out
 
 
 def factory(name: str):
-    from qla_kernels.gdn.bwd import dstate_chain
+    from qla_kernels.gdn.bwd import chunk_grads, dstate_chain
     from qla_kernels.gdn.fwd import fused_fwd, fused_fwd_ws, kkt_solve_v3
 
-    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd, dstate_chain):
+    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd, dstate_chain, chunk_grads):
         if hasattr(mod, name):
             return getattr(mod, name)
     raise KeyError(name)

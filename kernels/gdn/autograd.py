@@ -1,5 +1,6 @@
-"""torch.autograd for the GDN forward: the TileLang forward, then the chunk-form backward
-(bwd_chunked.py; the TileLang backward kernels will take its place behind the same Function).
+"""torch.autograd for the GDN forward: the TileLang forward, then a backward chosen by $QLA_BWD_IMPL:
+"torch" (default: the chunk-form backward of bwd_chunked.py, checked on the H200) or "tilelang" (the
+TileLang backward of bwd_api.py: stages written and checked on the CPU, not yet run on a GPU).
 
 The forward keeps what the backward needs: q, k, v, beta, the chunk-local g_cumsum, A0 and h0 (no
 per-chunk states: the backward recomputes them).
@@ -7,10 +8,23 @@ per-chunk states: the backward recomputes them).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import api
-from .bwd_chunked import chunk_gated_delta_rule_bwd
+from .bwd_chunked import chunk_gated_delta_rule_bwd as torch_bwd
+
+BWD_IMPL_ENV = "QLA_BWD_IMPL"
+BWD_IMPLS = ("torch", "tilelang")
+
+
+def resolve_bwd_impl() -> str:
+    """$QLA_BWD_IMPL (blank: unset), default "torch"; anything else is a ValueError naming the choices."""
+    name = os.environ.get(BWD_IMPL_ENV, "").strip() or "torch"
+    if name not in BWD_IMPLS:
+        raise ValueError(f"${BWD_IMPL_ENV} must be one of {list(BWD_IMPLS)}, got {name!r}")
+    return name
 
 
 class ChunkGatedDeltaRule(torch.autograd.Function):
@@ -30,9 +44,13 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g_cumsum, beta, a0, h0, cu_seqlens = ctx.saved_tensors
-        grads = chunk_gated_delta_rule_bwd(
-            q, k, v, g_cumsum, beta, a0, do, dht, ctx.scale, h0, cu_seqlens
-        )
+        if resolve_bwd_impl() == "tilelang":
+            from .bwd_api import chunk_gated_delta_rule_bwd as bwd
+        else:
+            bwd = torch_bwd
+        do = do.contiguous()
+        dht = dht.contiguous() if dht is not None else None
+        grads = bwd(q, k, v, g_cumsum, beta, a0, do, dht, ctx.scale, h0, cu_seqlens)
         dh0 = grads.dh0.to(h0.dtype) if h0 is not None else None
         return (grads.dq, grads.dk, grads.dv, grads.dg.to(ctx.g_dtype), grads.dbeta.to(beta.dtype), None, dh0,
                 None)

@@ -1,8 +1,11 @@
-"""Host entry points of the TileLang backward stages (issue 6), one per stage as they land.
+"""The TileLang backward (issue 6): its stages and the whole of it.
 
-Stage 1 (gdn/bwd/dstate_chain.py): the reverse chain of state gradients and dv. The per-chunk gradient
-stage (dq, dk, dbeta, dg from S_c and dS'_c) and the autograd wiring come next; until then
-gdn/autograd.py differentiates with the torch chunk-form backward (gdn/bwd_chunked.py).
+0. chunk_states: the v2 fused forward in store_states mode recomputes S_c, the state at every chunk
+   start (in q's dtype, the operand its GEMMs used), from the forward's g_cumsum and A0.
+1. chunk_bwd_dstate (gdn/bwd/dstate_chain.py): the reverse chain of state gradients dS', dv, dh0.
+2. chunk_bwd_grads (gdn/bwd/chunk_grads.py): every chunk's dq, dk, dbeta, dg from (S_c, dS'_c).
+chunk_gated_delta_rule_bwd runs the three; gdn/bwd_chunked.py (torch) is its specification and stays
+what gdn/autograd.py uses until this has passed on the H200 ($QLA_BWD_IMPL=tilelang selects it).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from typing import NamedTuple
 import torch
 
 from .api import _TL_DTYPE, _dummy_state, _plan, pack_tokens
+from .bwd_chunked import BwdOutput
 from .checks import HEAD_DIM, check_fwd_args
-from .plan import BLOCK_V_CHOICES, CHUNK, choose_block_v
+from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v
 
 
 class DStateOutput(NamedTuple):
@@ -40,28 +44,131 @@ def chunk_bwd_dstate(
     """Stage 1 of the backward on the GPU. g_cumsum [B,T,H_v] (chunk-local) and A [B,T,H_v,64] (the
     gate-free A0) are the forward's outputs; do is like v; dht [N,H_v,K,V] fp32 optional."""
     shape = check_fwd_args(q, k, do, g_cumsum, beta, None, cu_seqlens)
-    b, t, h_v = shape.batch, shape.seqlen, shape.h_v
-    if A.shape != (b, t, h_v, CHUNK) or A.dtype != q.dtype:
-        raise ValueError(f"A must be [B,T,H_v,{CHUNK}] in q's dtype (the forward's a0), got "
-                         f"{tuple(A.shape)} {A.dtype}")
+    _check_a0(A, q, shape.h_v)
     if block_v is not None and block_v not in BLOCK_V_CHOICES:
         raise ValueError(f"block_v must be one of {BLOCK_V_CHOICES}, got {block_v!r}")
     if q.device.type != "cuda":
         raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
     plan = _plan(q, cu_seqlens)
-    n = plan.num_seqs
-    if dht is not None and (dht.shape != (n, h_v, HEAD_DIM, HEAD_DIM) or dht.dtype != torch.float32):
-        raise ValueError(f"dht must be [N={n},H_v,K,V] float32, got {tuple(dht.shape)} {dht.dtype}")
+    _check_state("dht", dht, plan.num_seqs, shape.h_v)
+    scale = HEAD_DIM**-0.5 if scale is None else float(scale)
+    qf, kf, af, dof = (pack_tokens(x) for x in (q, k, A, do))
+    gf, bf = (pack_tokens(x).float() for x in (g_cumsum, beta))
+    out = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, block_v)
+    return out._replace(dv=out.dv.view(*do.shape))
+
+
+def _check_a0(A: torch.Tensor, q: torch.Tensor, h_v: int) -> None:
+    b, t = q.shape[:2]
+    if A.shape != (b, t, h_v, CHUNK) or A.dtype != q.dtype:
+        raise ValueError(f"A must be [B,T,H_v,{CHUNK}] in q's dtype (the forward's a0), got {tuple(A.shape)} {A.dtype}")
+
+
+def _check_state(name: str, st: torch.Tensor | None, n: int, h_v: int) -> None:
+    if st is not None and (st.shape != (n, h_v, HEAD_DIM, HEAD_DIM) or st.dtype != torch.float32):
+        raise ValueError(f"{name} must be [N={n},H_v,K,V] float32, got {tuple(st.shape)} {st.dtype}")
+
+
+def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, block_v: int | None):
+    """Stage 1 on packed [1,T,...] inputs; dv comes back packed [1,T,H_v,V]."""
     from .bwd.dstate_chain import bwd_dstate_kernel
 
-    scale = HEAD_DIM**-0.5 if scale is None else float(scale)
+    n, h_v = plan.num_seqs, dof.shape[2]
     bv = block_v or choose_block_v(n, h_v)
-    qf, kf, gf, bf, af, dof = (pack_tokens(x) for x in (q, k, g_cumsum, beta, A, do))
-    dv = torch.empty(1, b * t, h_v, HEAD_DIM, dtype=torch.float32, device=q.device)
-    ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
-    dh0 = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
+    dv = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
+    ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+    dh0 = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     use_dht = dht is not None
-    dht_ = dht.contiguous() if use_dht else _dummy_state(h_v, q.device)
-    kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], use_dht, bv)
-    kernel(qf, kf, gf.float(), bf.float(), af, dof, dht_, plan.cu_seqlens, plan.chunk_offsets, dv, ds_next, dh0)
-    return DStateOutput(ds_next=ds_next, dv=dv.view(b, t, h_v, HEAD_DIM), dh0=dh0)
+    dht_ = dht.contiguous() if use_dht else _dummy_state(h_v, qf.device)
+    kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], use_dht, bv)
+    kernel(qf, kf, gf, bf, af, dof, dht_, plan.cu_seqlens, plan.chunk_offsets, dv, ds_next, dh0)
+    return DStateOutput(ds_next=ds_next, dv=dv, dh0=dh0)
+
+
+def _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens):
+    shape = check_fwd_args(q, k, v, g_cumsum, beta, None, cu_seqlens)
+    if do.shape != v.shape or do.dtype != v.dtype:
+        raise ValueError(f"do must be like v {tuple(v.shape)} {v.dtype}, got {tuple(do.shape)} {do.dtype}")
+    _check_a0(A, q, shape.h_v)
+    if q.device.type != "cuda":
+        raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
+    return shape
+
+
+def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float) -> torch.Tensor:
+    """States at every chunk start [num_chunks,H_v,K,V] in q's dtype, from packed [1,T,...] inputs (stage 0)."""
+    from .fwd.fused_fwd import fused_fwd_kernel
+
+    h_v = vf.shape[2]
+    n = plan.num_seqs
+    use_h0 = h0 is not None
+    states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
+    o = torch.empty_like(vf)
+    ht = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+    h0_ = h0.contiguous() if use_h0 else _dummy_state(h_v, qf.device)
+    # V-slice 32: at 64 the store's addressing pushes the v2 kernel past 128 registers (12-20 B spilled)
+    kernel = fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], use_h0, False, 32, store_states=True)
+    kernel(qf, kf, vf, gf, bf, af, h0_, plan.cu_seqlens, o, ht, plan.chunk_offsets, states)
+    return states
+
+
+def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPlan, scale: float):
+    """Stage 2 on packed inputs: (dq, dk per value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32)."""
+    from .bwd.chunk_grads import bwd_chunk_grads_kernel
+
+    nt, h_v = vf.shape[1], vf.shape[2]
+    dq = torch.empty(1, nt, h_v, HEAD_DIM, dtype=torch.float32, device=qf.device)
+    dk = torch.empty_like(dq)
+    dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
+    dg = torch.empty_like(dbeta)
+    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype])
+    kernel(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
+    return dq, dk, dbeta, dg
+
+
+def chunk_gated_delta_rule_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g_cumsum: torch.Tensor,
+    beta: torch.Tensor,
+    A: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> BwdOutput:
+    """The TileLang GDN backward (FLA layout): the gradients of <o, do> + <final_state, dht>.
+
+    g_cumsum [B,T,H_v] fp32 (chunk-local) and A [B,T,H_v,64] are the forward's outputs. Returns
+    BwdOutput(dq, dk [B,T,H_qk,K] and dv in q's dtype (dq, dk summed over each GVA group in fp32),
+    dbeta, dg [B,T,H_v] fp32 (dg of the raw log gate), dh0 [N,H_v,K,V] fp32 or None without h0).
+    """
+    shape = _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens)
+    b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v
+    plan = _plan(q, cu_seqlens)
+    n = plan.num_seqs
+    _check_state("initial_state", initial_state, n, h_v)
+    _check_state("dht", dht, n, h_v)
+    scale = HEAD_DIM**-0.5 if scale is None else float(scale)
+    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, A, do))
+    gf, bf = (pack_tokens(x).float() for x in (g_cumsum, beta))
+
+    states = chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale)
+    stage1 = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, None)
+    dq_v, dk_v, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale)
+
+    r = h_v // h_qk
+
+    def group_sum(x: torch.Tensor) -> torch.Tensor:  # value heads -> their qk head, in fp32
+        return x.view(b, t, h_qk, r, HEAD_DIM).sum(3).to(q.dtype)
+
+    return BwdOutput(
+        dq=group_sum(dq_v),
+        dk=group_sum(dk_v),
+        dv=stage1.dv.to(v.dtype),
+        dbeta=dbeta.view(b, t, h_v),
+        dg=dg.view(b, t, h_v),
+        dh0=stage1.dh0 if initial_state is not None else None,
+    )

@@ -102,3 +102,22 @@ def test_bwd_dstate_rejects_bad_input_before_launch():
         chunk_bwd_dstate(q, k, g, beta, a, v)
     with pytest.raises(ValueError, match="v head dim"):  # do is checked like v
         chunk_bwd_dstate(q, k, g, beta, a, v[..., :64])
+
+
+def test_tilelang_bwd_rejects_bad_input_before_launch(monkeypatch):
+    from qla_kernels.gdn.autograd import resolve_bwd_impl
+    from qla_kernels.gdn.bwd_api import chunk_gated_delta_rule_bwd
+
+    q, k, v, g, beta = _args(t=70)
+    a = torch.zeros(1, 70, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="do must be like v"):
+        chunk_gated_delta_rule_bwd(q, k, v, g, beta, a, v[:, :, :2])
+    with pytest.raises(ValueError, match="A must be"):
+        chunk_gated_delta_rule_bwd(q, k, v, g, beta, a.float(), v)
+    with pytest.raises(ValueError, match="CUDA"):
+        chunk_gated_delta_rule_bwd(q, k, v, g, beta, a, v)
+    monkeypatch.setenv("QLA_BWD_IMPL", "triton")
+    with pytest.raises(ValueError, match="QLA_BWD_IMPL must be one of"):
+        resolve_bwd_impl()
+    monkeypatch.setenv("QLA_BWD_IMPL", " ")
+    assert resolve_bwd_impl() == "torch"

@@ -107,3 +107,24 @@ def test_bwd_dstate_chain_compiles(block_v, use_dht):
     print(rep.line())
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+
+
+def test_bwd_chunk_grads_compiles():
+    from qla_kernels.gdn.bwd.chunk_grads import PASS_CONFIGS, bwd_chunk_grads_program
+
+    rep = build_sm90a(bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16"), PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+
+
+@pytest.mark.parametrize("use_h0", [True, False])
+def test_fused_fwd_state_store_compiles(use_h0):
+    # the V-slice bwd_api.chunk_states uses (at 64 the kernel spills 12-20 B past 128 registers)
+    from qla_kernels.gdn.fwd.fused_fwd import PASS_CONFIGS, fused_fwd_program
+
+    prog = fused_fwd_program(128, 128, 128**-0.5, "bfloat16", use_h0, False, 32, store_states=True)
+    rep = build_sm90a(prog, PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()

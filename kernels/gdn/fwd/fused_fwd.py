@@ -32,10 +32,14 @@ def fused_fwd_program(
     block_v: int = 64,
     threads: int = 256,
     num_stages: int = 2,
+    store_states: bool = False,
 ):
     """TileLang program: (q,k,v,g_cumsum,beta,A0,h0,cu_seqlens) -> (o, final_state). Varlen (B=1).
 
     Head counts are runtime values: one compiled kernel per (dtype, scale, flags) serves every head config.
+    store_states=True (training forward) also takes chunk_offsets [N+1] int32 and writes the state at the
+    start of every chunk to states [num_chunks, H_v, K, V] in the input dtype (the operand the chunk's
+    GEMMs used), what the backward's chunk-gradient stage (gdn/bwd/chunk_grads.py) reads.
     """
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -44,23 +48,13 @@ def fused_fwd_program(
     nt = T.dynamic("num_tokens")
     ns = T.dynamic("num_seqs")
     nh0 = T.dynamic("num_h0")
+    nc = T.dynamic("num_chunks")
     acc = "float32"
     st_shape = (ns, h_v, dv, dk) if state_v_first else (ns, h_v, dk, dv)
     h0_shape = (nh0, h_v, dv, dk) if state_v_first else (nh0, h_v, dk, dv)
 
-    @T.prim_func
-    def fused_fwd(
-        q: T.Tensor((1, nt, h_qk, dk), dtype),
-        k: T.Tensor((1, nt, h_qk, dk), dtype),
-        v: T.Tensor((1, nt, h_v, dv), dtype),
-        g_cumsum: T.Tensor((1, nt, h_v), acc),
-        beta: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, C), dtype),
-        h0: T.Tensor(h0_shape, acc),
-        cu_seqlens: T.Tensor((ns + 1,), "int32"),
-        o: T.Tensor((1, nt, h_v, dv), dtype),
-        ht: T.Tensor(st_shape, acc),
-    ):
+    @T.macro
+    def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, chunk_offsets, states):
         with T.Kernel(ns * h_v * nv, threads=threads) as (bid,):
             seq = bid // (h_v * nv)
             bh = (bid // nv) % h_v
@@ -121,6 +115,8 @@ def fused_fwd_program(
                     d_sh[i] = T.exp2(g_sh[i] * LOG2E)
                     dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
                 T.copy(s, s_sh)
+                if store_states:  # the GEMM operand copy, in the input dtype (as FLA keeps h)
+                    T.copy(s_sh, states[chunk_offsets[seq] + c, bh, 0:dk, v0 : v0 + block_v])
 
                 # W = V - D (K S)
                 T.gemm(k_sh, s_sh, ks, clear_accum=True)
@@ -169,6 +165,42 @@ def fused_fwd_program(
                     ht[seq, bh, v0 + j, i] = s[i, j]
                 else:
                     ht[seq, bh, i, v0 + j] = s[i, j]
+
+    if store_states:
+
+        @T.prim_func
+        def fused_fwd_states(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            h0: T.Tensor(h0_shape, acc),
+            cu_seqlens: T.Tensor((ns + 1,), "int32"),
+            o: T.Tensor((1, nt, h_v, dv), dtype),
+            ht: T.Tensor(st_shape, acc),
+            chunk_offsets: T.Tensor((ns + 1,), "int32"),
+            states: T.Tensor((nc, h_v, dk, dv), dtype),
+        ):
+            kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, chunk_offsets, states)
+
+        return fused_fwd_states
+
+    @T.prim_func
+    def fused_fwd(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        h0: T.Tensor(h0_shape, acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        o: T.Tensor((1, nt, h_v, dv), dtype),
+        ht: T.Tensor(st_shape, acc),
+    ):
+        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None, None)
 
     return fused_fwd
 

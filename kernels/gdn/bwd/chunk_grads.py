@@ -1,0 +1,307 @@
+"""Stage 2 of the backward: every chunk's dq, dk, dbeta and dg, all chunks in parallel.
+
+One CTA per (chunk, value head) takes the chunk's start state S_c and dS' (the gradient of the state
+after the chunk, from stage 1: gdn/bwd/dstate_chain.py) and recomputes what it needs of the forward.
+With D, D_r, Gamma, Ag = (Gamma o A0) diag(beta) and P = scale Gamma o (Q K^T) as in the forward, L the
+lower triangle with its diagonal (gdn/bwd_chunked.py, _chunk_bwd, is the specification):
+    W = V - D (K S),  Vn = Ag W,  dVn = P^T dO + D_r (K dS'),  dW = Ag^T dVn
+    dP = (dO Vn^T) o L,  dQK = scale Gamma o dP,  dAg = (dVn W^T) o L
+    dq = scale D (dO S^T) + dQK K
+    dM = -A0^T (dAg o Gamma diag(beta)) A0^T,  dL = StrictLower(dM),  dKKt = diag(beta) dL
+    dk = dQK^T Q - (D dW) S^T + D_r (Vn dS'^T) + dKKt K + dKKt^T K
+    dbeta_j = sum_i (dAg o Gamma o A0)_ij + sum_i' (dL o K K^T)_ji'
+    dg: the gradient of the chunk-local cumsum (row terms of D, D_r and gamma; pair terms
+        (dAg o A0 diag(beta) + scale dP o QK^T) o Gamma on i > j), reverse-cumsummed within the chunk.
+dq and dk are written per value head in fp32; the caller sums each GVA group (no atomics, no bf16
+round trip in a transposed reduction). Rows past a sequence's end load as zero, so they add nothing.
+
+cpu_debug=True builds the same program for TileLang's C backend (GEMMs and reductions as loops, fp32
+in and out) so tests/kernels/test_bwd_chunk_grads_cpu.py can run it against float64.
+"""
+
+import tilelang
+import tilelang.language as T
+
+CHUNK = 64
+LOG2E = 1.4426950408889634
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+
+def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads: int = 256, cpu_debug: bool = False):
+    """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
+    (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
+
+    states[c] is the state at the start of global chunk c ([num_chunks,H_v,K,V] in the input dtype, as the
+    forward's store_states mode writes it), ds_next[c] the gradient of the state after it (fp32);
+    chunk_indices rows are (sequence, chunk within the sequence).
+    """
+    C = CHUNK
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs_p1")
+    nc = T.dynamic("num_chunks")
+    acc = "float32"
+
+    @T.macro
+    def loop_gemm(a, b, out, transpose_a, transpose_b, clear):
+        """CPU stand-in for T.gemm (fp32 sums)."""
+        rows = a.shape[1] if transpose_a else a.shape[0]
+        inner = a.shape[0] if transpose_a else a.shape[1]
+        cols = b.shape[0] if transpose_b else b.shape[1]
+        for i, j in T.Parallel(rows, cols):
+            if clear:
+                out[i, j] = 0.0
+            for r in T.serial(inner):
+                x = T.cast(a[r, i], acc) if transpose_a else T.cast(a[i, r], acc)
+                y = T.cast(b[j, r], acc) if transpose_b else T.cast(b[r, j], acc)
+                out[i, j] = out[i, j] + x * y
+
+    @T.macro
+    def mm(a, b, out, transpose_a=False, transpose_b=False, clear=True):
+        if cpu_debug:
+            loop_gemm(a, b, out, transpose_a, transpose_b, clear)
+        else:
+            T.gemm(a, b, out, transpose_A=transpose_a, transpose_B=transpose_b, clear_accum=clear)
+
+    @T.macro
+    def row_sum(src, out, tmp):
+        """out[i] = sum_j src[i, j] (out in shared memory; tmp a fragment of out's shape on the GPU)."""
+        if cpu_debug:
+            for i in T.Parallel(src.shape[0]):
+                out[i] = 0.0
+                for j in T.serial(src.shape[1]):
+                    out[i] = out[i] + src[i, j]
+        else:
+            T.reduce_sum(src, tmp, dim=1)
+            T.copy(tmp, out)
+
+    @T.macro
+    def col_sum(src, out, tmp):
+        """out[j] = sum_i src[i, j]."""
+        if cpu_debug:
+            for j in T.Parallel(src.shape[1]):
+                out[j] = 0.0
+                for i in T.serial(src.shape[0]):
+                    out[j] = out[j] + src[i, j]
+        else:
+            T.reduce_sum(src, tmp, dim=0)
+            T.copy(tmp, out)
+
+    def gamma(g_sh, i, j):
+        """Gamma_ij = exp(g_i - g_j) on i >= j, else 0 (recomputed: a [C, C] fp32 copy does not fit)."""
+        return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
+
+    def alloc_sh(shape, dt):
+        return T.alloc_shared(shape, dt, scope="shared") if cpu_debug else T.alloc_shared(shape, dt)
+
+    def alloc_acc(shape):
+        return alloc_sh(shape, acc) if cpu_debug else T.alloc_fragment(shape, acc)
+
+    @T.prim_func
+    def bwd_chunk_grads(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+        states: T.Tensor((nc, h_v, dk, dv), dtype),
+        ds_next: T.Tensor((nc, h_v, dk, dv), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_indices: T.Tensor((nc, 2), "int32"),
+        dq_v: T.Tensor((1, nt, h_v, dk), acc),
+        dk_v: T.Tensor((1, nt, h_v, dk), acc),
+        dbeta: T.Tensor((1, nt, h_v), acc),
+        dg: T.Tensor((1, nt, h_v), acc),
+    ):
+        with T.Kernel(nc * h_v, threads=threads) as (bid,):
+            bh = bid % h_v
+            bc = bid // h_v
+            bhg = bh // (h_v // h_qk)
+            seq = chunk_indices[bc, 0]
+            t0 = cu_seqlens[seq] + chunk_indices[bc, 1] * C
+            end = cu_seqlens[seq + 1]
+
+            q_sh = alloc_sh((C, dk), dtype)
+            k_sh = alloc_sh((C, dk), dtype)
+            v_sh = alloc_sh((C, dv), dtype)
+            do_sh = alloc_sh((C, dv), dtype)
+            a_sh = alloc_sh((C, C), dtype)
+            s_sh = alloc_sh((dk, dv), dtype)
+            ds_sh = alloc_sh((dk, dv), dtype)
+            g_sh = alloc_sh((C,), acc)
+            b_sh = alloc_sh((C,), acc)
+            d_sh = alloc_sh((C,), acc)
+            dr_sh = alloc_sh((C,), acc)
+            w_sh = alloc_sh((C, dv), dtype)
+            vn_sh = alloc_sh((C, dv), dtype)
+            vnr_sh = alloc_sh((C, dv), dtype)  # D_r Vn
+            dvn_sh = alloc_sh((C, dv), dtype)
+            dwd_sh = alloc_sh((C, dv), dtype)  # D dW
+            ag_sh = alloc_sh((C, C), dtype)
+            p_sh = alloc_sh((C, C), dtype)
+            dqk_sh = alloc_sh((C, C), dtype)
+            da0_sh = alloc_sh((C, C), dtype)
+            t_sh = alloc_sh((C, C), dtype)
+            dkkt_sh = alloc_sh((C, C), dtype)
+            dgc_sh = alloc_sh((C,), acc)
+            row_a = alloc_sh((C,), acc)
+            row_b = alloc_sh((C,), acc)
+            row_c = alloc_sh((C,), acc)
+            col_a = alloc_sh((C,), acc)
+            sds_rows = alloc_sh((dk,), acc)
+            x_sh = alloc_sh((C,), acc)  # x_i = D_r,i <K dS', Vn>_i
+
+            cv = alloc_acc((C, dv))  # reused [C, V] accumulator
+            ck = alloc_acc((C, dk))  # dq, then dk
+            cc = alloc_acc((C, C))  # reused [C, C] accumulator
+            cc2 = alloc_acc((C, C))
+            sds = alloc_acc((dk, dv))
+            # reduction results on the GPU before they go to shared memory: one per source layout
+            red_cv = alloc_acc((C,))
+            red_ccc = alloc_acc((C,))
+            red_c2r = alloc_acc((C,))
+            red_c2c = alloc_acc((C,))
+            red_k = alloc_acc((dk,))
+
+            # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
+            for i, j in T.Parallel(C, dk):
+                q_sh[i, j] = T.if_then_else(t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
+                k_sh[i, j] = T.if_then_else(t0 + i < end, k[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
+            for i, j in T.Parallel(C, dv):
+                v_sh[i, j] = T.if_then_else(t0 + i < end, v[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
+                do_sh[i, j] = T.if_then_else(t0 + i < end, grad_o[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
+            for i, j in T.Parallel(C, C):
+                a_sh[i, j] = T.if_then_else(
+                    i >= j,
+                    T.if_then_else(t0 + i < end, a0[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)),
+                    T.cast(0, dtype),
+                )
+            for i in T.Parallel(C):
+                g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
+            for i in T.Parallel(C):
+                d_sh[i] = T.exp2(g_sh[i] * LOG2E)
+                dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+            # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
+            for i, j in T.Parallel(dk, dv):
+                s_sh[i, j] = states[bc, bh, i, j]
+                ds_sh[i, j] = T.cast(ds_next[bc, bh, i, j], dtype)
+                sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
+            row_sum(sds, sds_rows, red_k)
+
+            # W = V - D (K S), Vn = Ag W
+            mm(k_sh, s_sh, cv)  # K S
+            for i, j in T.Parallel(C, dv):
+                w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
+            for i, j in T.Parallel(C, C):
+                ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, i, j) * b_sh[j], dtype)
+            mm(ag_sh, w_sh, cv)  # Vn
+            for i, j in T.Parallel(C, dv):
+                vn_sh[i, j] = T.cast(cv[i, j], dtype)
+                vnr_sh[i, j] = T.cast(dr_sh[i] * cv[i, j], dtype)
+            mm(q_sh, k_sh, cc, transpose_b=True)  # Q K^T
+            for i, j in T.Parallel(C, C):
+                p_sh[i, j] = T.cast(scale * gamma(g_sh, i, j) * cc[i, j], dtype)
+            # dVn = P^T dO + D_r (K dS'); x_i = D_r,i sum_v (K dS')_iv Vn_iv
+            mm(k_sh, ds_sh, cv)  # K dS'
+            for i, j in T.Parallel(C, dv):
+                cv[i, j] = cv[i, j] * T.cast(vnr_sh[i, j], acc)
+            row_sum(cv, x_sh, red_cv)
+            mm(k_sh, ds_sh, cv)
+            for i, j in T.Parallel(C, dv):
+                cv[i, j] = dr_sh[i] * cv[i, j]
+            mm(p_sh, do_sh, cv, transpose_a=True, clear=False)
+            for i, j in T.Parallel(C, dv):
+                dvn_sh[i, j] = T.cast(cv[i, j], dtype)
+            # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
+            mm(ag_sh, dvn_sh, cv, transpose_a=True)
+            for i, j in T.Parallel(C, dv):
+                dwd_sh[i, j] = T.cast(d_sh[i] * cv[i, j], dtype)
+            mm(k_sh, s_sh, cv)  # K S again (the accumulator was reused)
+            for i, j in T.Parallel(C, dv):
+                cv[i, j] = cv[i, j] * T.cast(dwd_sh[i, j], acc)
+            row_sum(cv, row_b, red_cv)  # sum_v D dW o KS
+            # row_a[i] = scale sum_v dO_iv (Q S)_iv
+            mm(q_sh, s_sh, cv)
+            for i, j in T.Parallel(C, dv):
+                cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
+            row_sum(cv, row_a, red_cv)
+
+            # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
+            mm(do_sh, vn_sh, cc2, transpose_b=True)
+            for i, j in T.Parallel(C, C):
+                dqk_sh[i, j] = T.cast(scale * gamma(g_sh, i, j) * cc2[i, j], dtype)
+                cc2[i, j] = T.cast(p_sh[i, j], acc) * cc2[i, j]  # scale Gamma QK^T dP (0 above the diagonal)
+            # dAg = (dVn W^T) o L
+            mm(dvn_sh, w_sh, cc, transpose_b=True)
+            for i, j in T.Parallel(C, C):
+                cc2[i, j] = cc2[i, j] + T.if_then_else(
+                    i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gamma(g_sh, i, j), 0.0
+                )
+                da0_sh[i, j] = T.cast(T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, i, j) * b_sh[j], 0.0), dtype)
+                cc[i, j] = T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, i, j) * T.cast(a_sh[i, j], acc), 0.0)
+            col_sum(cc, col_a, red_ccc)  # dbeta, first part
+            # gates: dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + sum_j pair_ij - sum_j pair_ji
+            for i in T.Parallel(C):
+                dgc_sh[i] = d_sh[i] * row_a[i] - row_b[i] - x_sh[i]
+            row_sum(cc2, row_a, red_c2r)
+            col_sum(cc2, row_c, red_c2c)
+            for i in T.Parallel(C):
+                dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
+
+            # A0 path: dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL
+            mm(a_sh, da0_sh, cc, transpose_a=True)
+            for i, j in T.Parallel(C, C):
+                t_sh[i, j] = T.cast(cc[i, j], dtype)
+            mm(t_sh, a_sh, cc, transpose_b=True)
+            mm(k_sh, k_sh, cc2, transpose_b=True)  # K K^T
+            for i, j in T.Parallel(C, C):
+                cc[i, j] = T.if_then_else(i > j, -cc[i, j], 0.0)  # dL
+                dkkt_sh[i, j] = T.cast(b_sh[i] * cc[i, j], dtype)
+                cc2[i, j] = cc[i, j] * cc2[i, j]
+            row_sum(cc2, row_a, red_c2r)
+            for i in T.Parallel(C):
+                if t0 + i < end:
+                    dbeta[0, t0 + i, bh] = col_a[i] + row_a[i]
+
+            # dq = scale D (dO S^T) + dQK K
+            mm(do_sh, s_sh, ck, transpose_b=True)
+            for i, j in T.Parallel(C, dk):
+                ck[i, j] = scale * d_sh[i] * ck[i, j]
+            mm(dqk_sh, k_sh, ck, clear=False)
+            for i, j in T.Parallel(C, dk):
+                if t0 + i < end:
+                    dq_v[0, t0 + i, bh, j] = ck[i, j]
+            # dk = dQK^T Q - (D dW) S^T + D_r (Vn dS'^T) + dKKt K + dKKt^T K
+            mm(dqk_sh, q_sh, ck, transpose_a=True)
+            mm(vnr_sh, ds_sh, ck, transpose_b=True, clear=False)
+            mm(dkkt_sh, k_sh, ck, clear=False)
+            mm(dkkt_sh, k_sh, ck, transpose_a=True, clear=False)
+            for i, j in T.Parallel(C, dv):
+                dwd_sh[i, j] = -dwd_sh[i, j]
+            mm(dwd_sh, s_sh, ck, transpose_b=True, clear=False)
+            for i, j in T.Parallel(C, dk):
+                if t0 + i < end:
+                    dk_v[0, t0 + i, bh, j] = ck[i, j]
+
+            # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
+            # each row sums dgamma = sum_j x_j + exp(gamma) <S, dS'> itself (x_j = 0 past the end)
+            n_valid = T.min(end - t0, C)
+            for i in T.Parallel(C):
+                row_a[i] = 0.0
+                for j in T.serial(C):
+                    row_a[i] = row_a[i] + x_sh[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
+                for j in T.serial(dk):
+                    row_a[i] = row_a[i] + d_sh[C - 1] * sds_rows[j]
+            for i in T.Parallel(C):
+                if t0 + i < end:
+                    dg[0, t0 + i, bh] = row_a[i]
+
+    return bwd_chunk_grads
+
+
+bwd_chunk_grads_kernel = tilelang.jit(bwd_chunk_grads_program, pass_configs=PASS_CONFIGS)
