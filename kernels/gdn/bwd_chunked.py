@@ -256,3 +256,28 @@ def dstate_chain(
         ds_next += reversed(per_seq)
         dh0.append(ds)
     return torch.stack(ds_next), dv, torch.stack(dh0)
+
+
+def stage1_reference(
+    k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, spans: list[tuple[int, int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's stage 1 in float64, for tests and stand-ins: the chunk-local cumsum of g and the
+    gate-free A0 = (I + StrictLower(diag(beta) K K^T))^-1 rows, per chunk of every span of the
+    flattened [B*T] tokens; returned in g's shape and [*g.shape, 64]."""
+    kf = k.reshape(-1, *k.shape[2:]).double()
+    gf, bf = g.reshape(-1, g.shape[-1]).double(), beta.reshape(-1, beta.shape[-1]).double()
+    h_v = gf.shape[1]
+    r = h_v // kf.shape[1]
+    gc = torch.zeros_like(gf)
+    a0 = torch.zeros(gf.shape[0], h_v, CHUNK, dtype=torch.float64, device=g.device)
+    for s, e in spans:
+        for c0 in range(s, e, CHUNK):
+            c1 = min(c0 + CHUNK, e)
+            n = c1 - c0
+            gc[c0:c1] = torch.cumsum(gf[c0:c1], 0)
+            kc = kf[c0:c1].repeat_interleave(r, 1).transpose(0, 1)
+            m = torch.eye(n, dtype=torch.float64, device=g.device) + torch.tril(
+                bf[c0:c1].T[:, :, None] * (kc @ kc.transpose(1, 2)), -1
+            )
+            a0[c0:c1, :, :n] = torch.linalg.inv(m).transpose(0, 1)
+    return gc.view(g.shape), a0.view(*g.shape, CHUNK)

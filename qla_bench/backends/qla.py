@@ -1,4 +1,10 @@
-"""`qla`: this project's bundled TileLang kernels (package qla_kernels, folder kernels/)."""
+"""`qla`: this project's bundled TileLang kernels (package qla_kernels, folder kernels/).
+
+fwd runs the differentiable entry (chunk_gated_delta_rule) with nothing requiring grad. bwd and train
+run the low-level forward (its g_cumsum and A0 feed the backward, as in the other adapters) and the
+TileLang backward, qla_kernels.gdn.bwd_api.chunk_gated_delta_rule_bwd, whatever $QLA_BWD_IMPL says:
+that variable only picks what autograd uses, and the harness measures the kernels.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,9 @@ import torch
 
 from ..workload import Workload
 from . import register
-from .base import Backend, GDNInputs, Prepared, hopper_or_newer
+from .base import Backend, GDNInputs, Prepared, backward_prepared, grad_seeds, hopper_or_newer
+
+BWD_MODULE = "qla_kernels.gdn.bwd_api"
 
 
 def _load():
@@ -19,7 +27,7 @@ def _load():
 class QlaBackend(Backend):
     name = "qla"
     description = "qla-bench's bundled TileLang GDN kernels (SM90)"
-    modes = ("fwd",)
+    modes = ("fwd", "bwd", "train")
     distributions = ("qla-bench", "tilelang")
 
     def available(self) -> str | None:
@@ -63,4 +71,32 @@ class QlaBackend(Backend):
                 cu_seqlens=x.cu_seqlens,
             )
 
-        return Prepared(run=run, outputs=lambda res: {"o": res[0], "final_state": res[1]})
+        if mode == "fwd":
+            return Prepared(run=run, outputs=lambda res: {"o": res[0], "final_state": res[1]})
+
+        bwd_api = importlib.import_module(BWD_MODULE)
+        do, dht = grad_seeds(inputs, self.name, mode)
+
+        def forward():
+            return mod.chunk_gated_delta_rule_fwd(
+                x.q, x.k, x.v, x.g, x.beta, scale=x.scale, initial_state=x.h0, cu_seqlens=x.cu_seqlens,
+                output_final_state=True,
+            )  # fmt: skip
+
+        def backward(f):
+            return bwd_api.chunk_gated_delta_rule_bwd(
+                x.q, x.k, x.v, f.g_cumsum, x.beta, f.a0, do, dht, x.scale, x.h0, x.cu_seqlens
+            )
+
+        return backward_prepared(self.name, mode, forward, backward, _fwd_outputs, _bwd_outputs, [do, dht])
+
+    def env_flags(self) -> dict[str, str]:
+        return {"qla_bwd": "TileLang (bwd_api: state store, dS chain, chunk gradients)"}
+
+
+def _fwd_outputs(f) -> dict[str, torch.Tensor]:
+    return {"o": f.o, "final_state": f.final_state}
+
+
+def _bwd_outputs(b) -> dict[str, torch.Tensor]:
+    return {"dq": b.dq, "dk": b.dk, "dv": b.dv, "dg": b.dg, "dbeta": b.dbeta, "dh0": b.dh0}

@@ -10,26 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from qla_bench.reference import chunk_gated_delta_rule_ref_grads
-from qla_kernels.gdn.bwd_chunked import chunk_gated_delta_rule_bwd
+from qla_kernels.gdn.bwd_chunked import chunk_gated_delta_rule_bwd, stage1_reference
 
 D = 16
-
-
-def exact_stage1(k, g, beta, spans, r):
-    """float64 chunk-local cumsum and A0 rows, in the forward's layout ([B*T] packed)."""
-    kf, gf, bf = k.reshape(-1, *k.shape[2:]), g.reshape(-1, g.shape[-1]), beta.reshape(-1, beta.shape[-1])
-    h_v = gf.shape[1]
-    gc = torch.zeros_like(gf)
-    a0 = torch.zeros(gf.shape[0], h_v, 64, dtype=torch.float64)
-    for s, e in spans:
-        for c0 in range(s, e, 64):
-            n = min(64, e - c0)
-            gc[c0:c0 + n] = torch.cumsum(gf[c0:c0 + n], 0)
-            kc = kf[c0:c0 + n].repeat_interleave(r, 1).transpose(0, 1)
-            kkt = kc @ kc.transpose(1, 2)
-            m = torch.eye(n, dtype=torch.float64) + torch.tril(bf[c0:c0 + n].T[:, :, None] * kkt, -1)
-            a0[c0:c0 + n, :, :n] = torch.linalg.inv(m).transpose(0, 1)
-    return gc.view(g.shape), a0.view(*g.shape, 64)
 
 
 def make(b, t, h_qk, h_v, seed, strong=True):
@@ -64,7 +47,7 @@ def test_chunk_bwd_matches_float64_autograd(b, t, h_qk, h_v, cu, with_h0, with_d
     dht = torch.randn(n, h_v, D, D, generator=gen, dtype=torch.float64) if with_dht else None
     cu_t = None if cu is None else torch.tensor(cu)
     spans = list(itertools.pairwise(cu)) if cu is not None else [(i * t, (i + 1) * t) for i in range(b)]
-    gc, a0 = exact_stage1(k, g, beta, spans, h_v // h_qk)
+    gc, a0 = stage1_reference(k, g, beta, spans)
     ref = chunk_gated_delta_rule_ref_grads(q, k, v, g, beta, do, dht, None, h0, cu_t)
     got = chunk_gated_delta_rule_bwd(q, k, v, gc, beta, a0, do, dht, None, h0, cu_t, compute_dtype=torch.float64)
     for name in ("dq", "dk", "dv", "dg", "dbeta") + (("dh0",) if with_h0 else ()):
@@ -78,7 +61,7 @@ def test_chunk_bwd_matches_float64_autograd(b, t, h_qk, h_v, cu, with_h0, with_d
 def test_fp32_compute_is_close():
     q, k, v, g, beta, do, _ = make(1, 192, 2, 4, seed=1)
     cu = torch.tensor([0, 100, 192])
-    gc, a0 = exact_stage1(k, g, beta, [(0, 100), (100, 192)], 2)
+    gc, a0 = stage1_reference(k, g, beta, [(0, 100), (100, 192)])
     ref = chunk_gated_delta_rule_ref_grads(q, k, v, g, beta, do, None, None, None, cu)
     got = chunk_gated_delta_rule_bwd(q.float(), k.float(), v.float(), gc.float(), beta.float(), a0.float(), do.float(),
                                      cu_seqlens=cu)
@@ -116,7 +99,7 @@ def test_autograd_function_wires_the_backward(monkeypatch):
 
     def fake_fwd(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True):
         o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state, True, cu_seqlens)
-        gc, a0 = exact_stage1(k, g, beta, [(0, 70), (70, 150)], 3)
+        gc, a0 = stage1_reference(k, g, beta, [(0, 70), (70, 150)])
         return FwdOutput(o, ht if output_final_state else None, gc, a0)
 
     monkeypatch.setattr(api, "chunk_gated_delta_rule_fwd", fake_fwd)
