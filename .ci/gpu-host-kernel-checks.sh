@@ -24,10 +24,10 @@ W=tests/gpu/test_qla_fused_ws.py
 K=tests/gpu/test_qla_kkt_v3.py
 step fwd-default 90 tests/gpu/test_qla_fwd.py
 step ws-check 90 "$W" -k "not time and not profile"
+step bwd-dstate 60 tests/gpu/test_qla_bwd_dstate.py
+step bwd 150 tests/gpu/test_qla_bwd.py
 step ws-time 60 "$W" -k "time or profile"
 step kkt-check 60 "$K" -k "not time"
 step kkt-time 40 "$K" -k time
 step cp-check 60 tests/gpu/test_qla_cp.py -k "not time"
 step cp-time 40 tests/gpu/test_qla_cp.py -k time
-step bwd 90 tests/gpu/test_qla_bwd.py
-step bwd-dstate 60 tests/gpu/test_qla_bwd_dstate.py
