@@ -2,7 +2,8 @@
 
 Why: on a bare GPU host most of a cold sweep is JIT compilation (TileLang: FlashQLA compiles about four
 variants per head config, 15-60 s each), which is CPU work that one process does serially. Seven head
-configs prepared in seven processes took 124 s on the H200 host instead of about 13 minutes. Backends
+configs prepared in seven processes took 124 s on the H200 host; one process would need an estimated
+13 minutes (about 110 s of compiles per head config, measured serially at 4/16). Backends
 that autotune on the GPU (FLA's Triton kernels) stay in one job of their own that walks every head
 config in turn: two of their autotunes never overlap. The compiling jobs still launch small first calls
 and float64 references on the GPU meanwhile; run `prepare --jobs 1` where that matters.

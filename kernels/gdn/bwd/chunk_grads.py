@@ -22,10 +22,8 @@ in and out) so tests/kernels/test_bwd_chunk_grads_cpu.py can run it against floa
 import tilelang
 import tilelang.language as T
 
-CHUNK = 64
-LOG2E = 1.4426950408889634
-
-PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+from ..fwd.fused_fwd import CHUNK, LOG2E, PASS_CONFIGS
+from .tl_common import build_helpers
 
 
 def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads: int = 256, cpu_debug: bool = False):
@@ -44,60 +42,24 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
     nc = T.dynamic("num_chunks")
     acc = "float32"
 
-    @T.macro
-    def loop_gemm(a, b, out, transpose_a, transpose_b, clear):
-        """CPU stand-in for T.gemm (fp32 sums)."""
-        rows = a.shape[1] if transpose_a else a.shape[0]
-        inner = a.shape[0] if transpose_a else a.shape[1]
-        cols = b.shape[0] if transpose_b else b.shape[1]
-        for i, j in T.Parallel(rows, cols):
-            if clear:
-                out[i, j] = 0.0
-            for r in T.serial(inner):
-                x = T.cast(a[r, i], acc) if transpose_a else T.cast(a[i, r], acc)
-                y = T.cast(b[j, r], acc) if transpose_b else T.cast(b[r, j], acc)
-                out[i, j] = out[i, j] + x * y
+    mm, alloc_sh, alloc_acc = build_helpers(cpu_debug)
 
     @T.macro
-    def mm(a, b, out, transpose_a=False, transpose_b=False, clear=True):
+    def reduce_sum(src, out, tmp, dim):
+        """out = src summed over dim (1: row sums, 0: column sums); out in shared memory, tmp a
+        fragment of out's shape that the GPU reduction writes first."""
         if cpu_debug:
-            loop_gemm(a, b, out, transpose_a, transpose_b, clear)
+            for a in T.Parallel(out.shape[0]):
+                out[a] = 0.0
+                for b in T.serial(src.shape[dim]):
+                    out[a] = out[a] + (src[a, b] if dim == 1 else src[b, a])
         else:
-            T.gemm(a, b, out, transpose_A=transpose_a, transpose_B=transpose_b, clear_accum=clear)
-
-    @T.macro
-    def row_sum(src, out, tmp):
-        """out[i] = sum_j src[i, j] (out in shared memory; tmp a fragment of out's shape on the GPU)."""
-        if cpu_debug:
-            for i in T.Parallel(src.shape[0]):
-                out[i] = 0.0
-                for j in T.serial(src.shape[1]):
-                    out[i] = out[i] + src[i, j]
-        else:
-            T.reduce_sum(src, tmp, dim=1)
-            T.copy(tmp, out)
-
-    @T.macro
-    def col_sum(src, out, tmp):
-        """out[j] = sum_i src[i, j]."""
-        if cpu_debug:
-            for j in T.Parallel(src.shape[1]):
-                out[j] = 0.0
-                for i in T.serial(src.shape[0]):
-                    out[j] = out[j] + src[i, j]
-        else:
-            T.reduce_sum(src, tmp, dim=0)
+            T.reduce_sum(src, tmp, dim=dim)
             T.copy(tmp, out)
 
     def gamma(g_sh, i, j):
         """Gamma_ij = exp(g_i - g_j) on i >= j, else 0 (recomputed: a [C, C] fp32 copy does not fit)."""
         return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
-
-    def alloc_sh(shape, dt):
-        return T.alloc_shared(shape, dt, scope="shared") if cpu_debug else T.alloc_shared(shape, dt)
-
-    def alloc_acc(shape):
-        return alloc_sh(shape, acc) if cpu_debug else T.alloc_fragment(shape, acc)
 
     @T.prim_func
     def bwd_chunk_grads(
@@ -191,7 +153,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
                 s_sh[i, j] = states[bc, bh, i, j]
                 ds_sh[i, j] = T.cast(ds_next[bc, bh, i, j], dtype)
                 sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
-            row_sum(sds, sds_rows, red_k)
+            reduce_sum(sds, sds_rows, red_k, 1)
 
             # W = V - D (K S), Vn = Ag W
             mm(k_sh, s_sh, cv)  # K S
@@ -210,7 +172,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             mm(k_sh, ds_sh, cv)  # K dS'
             for i, j in T.Parallel(C, dv):
                 cv[i, j] = cv[i, j] * T.cast(vnr_sh[i, j], acc)
-            row_sum(cv, x_sh, red_cv)
+            reduce_sum(cv, x_sh, red_cv, 1)
             mm(k_sh, ds_sh, cv)
             for i, j in T.Parallel(C, dv):
                 cv[i, j] = dr_sh[i] * cv[i, j]
@@ -224,12 +186,12 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             mm(k_sh, s_sh, cv)  # K S again (the accumulator was reused)
             for i, j in T.Parallel(C, dv):
                 cv[i, j] = cv[i, j] * T.cast(dwd_sh[i, j], acc)
-            row_sum(cv, row_b, red_cv)  # sum_v D dW o KS
+            reduce_sum(cv, row_b, red_cv, 1)  # sum_v D dW o KS
             # row_a[i] = scale sum_v dO_iv (Q S)_iv
             mm(q_sh, s_sh, cv)
             for i, j in T.Parallel(C, dv):
                 cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
-            row_sum(cv, row_a, red_cv)
+            reduce_sum(cv, row_a, red_cv, 1)
 
             # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
             mm(do_sh, vn_sh, cc2, transpose_b=True)
@@ -244,12 +206,12 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
                 )
                 da0_sh[i, j] = T.cast(T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, i, j) * b_sh[j], 0.0), dtype)
                 cc[i, j] = T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, i, j) * T.cast(a_sh[i, j], acc), 0.0)
-            col_sum(cc, col_a, red_ccc)  # dbeta, first part
+            reduce_sum(cc, col_a, red_ccc, 0)  # dbeta, first part
             # gates: dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + sum_j pair_ij - sum_j pair_ji
             for i in T.Parallel(C):
                 dgc_sh[i] = d_sh[i] * row_a[i] - row_b[i] - x_sh[i]
-            row_sum(cc2, row_a, red_c2r)
-            col_sum(cc2, row_c, red_c2c)
+            reduce_sum(cc2, row_a, red_c2r, 1)
+            reduce_sum(cc2, row_c, red_c2c, 0)
             for i in T.Parallel(C):
                 dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
 
@@ -263,7 +225,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
                 cc[i, j] = T.if_then_else(i > j, -cc[i, j], 0.0)  # dL
                 dkkt_sh[i, j] = T.cast(b_sh[i] * cc[i, j], dtype)
                 cc2[i, j] = cc[i, j] * cc2[i, j]
-            row_sum(cc2, row_a, red_c2r)
+            reduce_sum(cc2, row_a, red_c2r, 1)
             for i in T.Parallel(C):
                 if t0 + i < end:
                     dbeta[0, t0 + i, bh] = col_a[i] + row_a[i]

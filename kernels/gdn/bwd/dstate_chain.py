@@ -22,10 +22,8 @@ buffers, fp32 in and out) so tests/kernels/test_bwd_dstate_cpu.py can run it aga
 import tilelang
 import tilelang.language as T
 
-CHUNK = 64
-LOG2E = 1.4426950408889634
-
-PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+from ..fwd.fused_fwd import CHUNK, LOG2E, PASS_CONFIGS
+from .tl_common import build_helpers
 
 
 def bwd_dstate_program(
@@ -54,32 +52,7 @@ def bwd_dstate_program(
     nht = T.dynamic("num_dht")
     acc = "float32"
 
-    @T.macro
-    def loop_gemm(a, b, out, transpose_a, transpose_b, clear):
-        """CPU stand-in for T.gemm(a, b, out, transpose_A, transpose_B, clear_accum) (fp32 sums)."""
-        rows = a.shape[1] if transpose_a else a.shape[0]
-        inner = a.shape[0] if transpose_a else a.shape[1]
-        cols = b.shape[0] if transpose_b else b.shape[1]
-        for i, j in T.Parallel(rows, cols):
-            if clear:
-                out[i, j] = 0.0
-            for r in T.serial(inner):
-                x = T.cast(a[r, i], acc) if transpose_a else T.cast(a[i, r], acc)
-                y = T.cast(b[j, r], acc) if transpose_b else T.cast(b[r, j], acc)
-                out[i, j] = out[i, j] + x * y
-
-    @T.macro
-    def mm(a, b, out, transpose_a=False, transpose_b=False, clear=True):
-        if cpu_debug:
-            loop_gemm(a, b, out, transpose_a, transpose_b, clear)
-        else:
-            T.gemm(a, b, out, transpose_A=transpose_a, transpose_B=transpose_b, clear_accum=clear)
-
-    def alloc_sh(shape, dt):
-        # the C backend wants static shared memory
-        return T.alloc_shared(shape, dt, scope="shared") if cpu_debug else T.alloc_shared(shape, dt)
-
-    alloc_acc = (lambda shape: alloc_sh(shape, acc)) if cpu_debug else (lambda shape: T.alloc_fragment(shape, acc))
+    mm, alloc_sh, alloc_acc = build_helpers(cpu_debug)
 
     @T.prim_func
     def bwd_dstate(
