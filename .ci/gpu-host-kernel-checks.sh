@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 host, from the repository root, after `source .ci/gpu-host-setup.sh`: the GPU checks of the
 # bundled kernels that are prepared but not yet run (kernels/NOTES.md, "GPU check for the next session"),
-# in order of what the next decision needs, each under its own time limit so one hang cannot eat the call.
+# in order of what the next decision needs (the default forward last: the smoke sweep also covers it), each under its own time limit so one hang cannot eat the call.
 #   bash .ci/gpu-host-kernel-checks.sh [SECONDS_TOTAL]      (default 540)
 # Logs and the timing/profile JSONs go to $OUT/kchecks/ (or ./kchecks without $OUT).
 set -u
@@ -22,12 +22,12 @@ step() {  # step NAME LIMIT PYTEST-ARGS...
 
 W=tests/gpu/test_qla_fused_ws.py
 K=tests/gpu/test_qla_kkt_v3.py
-step fwd-default 90 tests/gpu/test_qla_fwd.py
 step ws-check 90 "$W" -k "not time and not profile"
 step bwd-dstate 60 tests/gpu/test_qla_bwd_dstate.py
-step bwd 150 tests/gpu/test_qla_bwd.py
+step bwd 200 tests/gpu/test_qla_bwd.py
 step ws-time 60 "$W" -k "time or profile"
-step kkt-check 60 "$K" -k "not time"
-step kkt-time 40 "$K" -k time
 step cp-check 60 tests/gpu/test_qla_cp.py -k "not time"
 step cp-time 40 tests/gpu/test_qla_cp.py -k time
+step kkt-check 60 "$K" -k "not time"
+step kkt-time 40 "$K" -k time
+step fwd-default 90 tests/gpu/test_qla_fwd.py

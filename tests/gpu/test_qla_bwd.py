@@ -46,3 +46,69 @@ def test_autograd_matches_float64(name, impl, monkeypatch):
     print(f"\n[qla-bwd {impl}] {name}: " + " ".join(f"{n_}={e:.2e}" for n_, e in errs.items()))
     for n_, e in errs.items():
         assert e <= TOL[n_], (n_, e)
+
+
+
+BWD_TIMING = [(2, 8, "1x32768"), (16, 32, "1x32768"), (16, 32, "8192x4"), (16, 64, "1024x8")]
+
+
+def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
+    import statistics
+
+    from gpu.test_qla_fwd import make_inputs
+
+    from qla_bench.timing import time_cuda_events
+    from qla_kernels.gdn import bwd_api
+    from qla_kernels.gdn.api import _plan, chunk_gated_delta_rule_fwd, pack_tokens
+
+    count, length = (int(x) for x in mix.split("x"))
+    t = count * length
+    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=count)
+    cu = torch.arange(0, t + 1, length, dtype=torch.int32, device="cuda")
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    do = torch.randn_like(v)
+    scale = 128**-0.5
+    plan = _plan(q, cu)
+    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
+    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
+    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
+    ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    calls = {
+        "fwd": lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu),
+        "stage0_states": lambda: bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale),
+        "stage1_dstate": lambda: bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None),
+        "stage2_grads": lambda: bwd_api.chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan, scale),
+        "bwd_total": lambda: bwd_api.chunk_gated_delta_rule_bwd(
+            q, k, v, fwd.g_cumsum, beta, fwd.a0, do, None, scale, s0, cu
+        ),
+    }
+    row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix}
+    for name, fn in calls.items():
+        row[name] = statistics.median(time_cuda_events(fn, 20, flusher).samples_ms)
+    return row
+
+
+def test_time_bwd_stages():
+    """Where the TileLang backward's time goes (stage 0 state store, stage 1 dS chain, stage 2 per-chunk
+    gradients) and the whole bwd_api call; CUDA events, L2 flushed, median of 20; $OUT/bwd_timing.json.
+    Not an assertion on speed: it is what kernels/NOTES.md compares with FlashQLA's backward."""
+    import json
+    import os
+
+    from qla_bench.timing import L2Flusher
+
+    flusher = L2Flusher(torch.device("cuda"))
+    rows = []
+    for h_qk, h_v, mix in BWD_TIMING:
+        row = _time_bwd_config(h_qk, h_v, mix, flusher)
+        rows.append(row)
+        times = " ".join(f"{c}={row[c]:.4f}" for c in row if c not in ("h_qk", "h_v", "seqs"))
+        print(f"[bwd-timing] {h_qk}/{h_v} {mix}: {times}", flush=True)
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bwd_timing.json"), "w") as fh:
+        json.dump(
+            {"timer": "cuda-events, L2 flushed, median of 20", "device": torch.cuda.get_device_name(), "rows": rows},
+            fh,
+            indent=1,
+        )
