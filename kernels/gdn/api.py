@@ -27,23 +27,24 @@ from .plan import (
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
-# kkt_solve implementations: name -> (kernel version, its program's extra positional arguments). "v3"
-# is the default since it passed tests/gpu/test_qla_kkt_v3.py on the H200 at half v2's time (NOTES.md).
+# kkt_solve implementations: name -> (kernel version, its program's extra positional arguments). "v3h"
+# is the default: it passed tests/gpu/test_qla_kkt_v3.py on the H200 at 0.8x v3's and 0.42x v2's time
+# (NOTES.md, v5).
 KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v2": ("v2", ()),
     "v2-scan": ("v2", (True,)),  # v2 with v3's parallel cumsum: for attributing v3's gain only
     "v3": ("v3", (True, 6)),  # 3xTF32 products, 6 CTAs/SM (80 registers)
     "v3-mb0": ("v3", (True, 0)),  # v3 without the register cap (93 registers, 5 CTAs/SM)
     "v3-tf32": ("v3", (False, 6)),  # one tf32 product per block product: timing reference only
-    "v3h": ("v3", (True, 6, False, True)),  # v3 with the CTA's indices computed once (prepared, NOTES.md v5)
+    "v3h": ("v3", (True, 6, False, True)),  # v3 with the CTA's indices computed once (NOTES.md v5)
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
-DEFAULT_KKT_IMPL = "v3"
+DEFAULT_KKT_IMPL = "v3h"
 
 # fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
-# state chain and output path concurrent (fused_fwd_ws.py, rev 4, measured); "ws5" its rev 5 (codegen
-# fixes found by the profile build; prepared, not yet run on a GPU); "auto" picks per config from the
-# H200 measurements (plan.choose_fused).
+# state chain and output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found
+# by the profile build; fastest on every config measured on the H200); "auto" (plan.choose_fused) runs
+# ws5 with the V-slice width for the config.
 FUSED_IMPLS = ("v2", "ws", "ws5", "auto")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"

@@ -167,7 +167,7 @@ def chunk_gated_delta_rule_bwd(
     return BwdOutput(
         dq=group_sum(dq_v),
         dk=group_sum(dk_v),
-        dv=stage1.dv.to(v.dtype),
+        dv=stage1.dv.view(v.shape).to(v.dtype),
         dbeta=dbeta.view(b, t, h_v),
         dg=dg.view(b, t, h_v),
         dh0=stage1.dh0 if initial_state is not None else None,

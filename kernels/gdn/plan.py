@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_cu_seqlens_values
+from .checks import HEAD_DIM, check_cu_seqlens_values
 
 CHUNK = 64
 _CACHE_SIZE = 64
@@ -113,28 +113,23 @@ def choose_block_v(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
 BLOCK_V_CHOICES = (32, 64, 128)
 
 
-def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132, fill: float = 0.7) -> int:
-    """V-slice width of the warp-specialised fused kernel (one CTA per SM: 186 KiB of shared memory at
-    BV = 128): the widest slice that still gives about fill x #SM CTAs, since a narrower slice repeats
-    the Q K^T, Gamma and A0 work per slice. A first rule, to be refit from H200 measurements."""
-    for bv in (128, 64):
-        if num_seqs * h_v * (128 // bv) >= fill * num_sms:
-            return bv
-    return 32
-
-
-WS_IMPL = "ws"
-
-
-def choose_fused(num_seqs: int, h_v: int, num_sms: int = 132, fill: float = 0.7) -> tuple[str, int]:
-    """(fused kernel, V-slice width) for `auto`, from the H200 measurements in NOTES.md (v4): the
-    warp-specialised kernel wins when the sequence x head pairs fill the GPU at BV = 128 (the
-    throughput regime) and when so few pairs exist that BV = 32 still gives at most one CTA per SM
-    (the latency regime: 8 and 32 pairs measured); in between (2/8 x 8 and 16/64 x 1: 64 pairs) v2
-    was as fast or faster (0.131 vs 0.155 ms, 0.443 vs 0.469 ms)."""
+def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
+    """V-slice width of the warp-specialised fused kernel (one CTA per SM). Measured on the H200 with
+    rev 5 (NOTES.md, v5): the narrowest slice whose CTAs (one per sequence x head x slice) still fit in
+    one wave wins, since the chunk walk is serial and a narrower slice shortens each step more than it
+    costs in repeated Q K^T, Gamma and A0 work; with more pairs than SMs, BV = 128."""
     pairs = num_seqs * h_v
-    if pairs >= fill * num_sms:
-        return WS_IMPL, 128
-    if pairs * 4 <= num_sms:
-        return WS_IMPL, 32
-    return "v2", choose_block_v(num_seqs, h_v, num_sms)
+    for bv in (32, 64):
+        if pairs * (HEAD_DIM // bv) <= num_sms:
+            return bv
+    return 128
+
+
+WS_IMPL = "ws5"
+
+
+def choose_fused(num_seqs: int, h_v: int, num_sms: int = 132) -> tuple[str, int]:
+    """(fused kernel, V-slice width) for `auto`. On the H200 the rev-5 warp-specialised kernel was the
+    fastest of v2, ws (rev 4) and ws5 on all eight measured configs (NOTES.md, v5: 1.1-2.0x over the
+    previous choice), so `auto` only picks its slice width."""
+    return WS_IMPL, choose_block_v_ws(num_seqs, h_v, num_sms)

@@ -1,0 +1,49 @@
+"""bwd_api.chunk_gated_delta_rule_bwd's output assembly on the CPU: the stages work on packed [1, B*T, ...]
+tensors, and every gradient must come back in its input's layout, also for fixed-length batches B > 1
+(the H200 run of tests/gpu/test_qla_bwd.py caught dv returned packed [1, B*T, ...]). The three GPU stages
+are replaced by stand-ins that return known packed tensors; the GVA sums and reshapes are the real code."""
+
+import pytest
+import torch
+
+from qla_kernels.gdn import bwd_api
+from qla_kernels.gdn.checks import check_fwd_args
+
+D = 128
+
+
+@pytest.mark.parametrize(("b", "t", "h_qk", "h_v", "cu"), [(3, 70, 2, 4, None), (1, 200, 1, 3, [0, 70, 200])])
+def test_gradients_come_back_in_the_input_layout(monkeypatch, b, t, h_qk, h_v, cu):
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(b, t, h_qk, D, generator=gen).bfloat16() for _ in range(2))
+    v, do = (torch.randn(b, t, h_v, D, generator=gen).bfloat16() for _ in range(2))
+    g, beta = torch.randn(b, t, h_v, generator=gen), torch.rand(b, t, h_v, generator=gen)
+    a0 = torch.randn(b, t, h_v, 64, generator=gen).bfloat16()
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    n = b if cu is None else len(cu) - 1
+    h0 = torch.randn(n, h_v, D, D, generator=gen)
+    packed_dv = torch.randn(1, b * t, h_v, D, generator=gen)
+    packed_dq, packed_dk = (torch.randn(1, b * t, h_v, D, generator=gen) for _ in range(2))
+    packed_dbeta, packed_dg = (torch.randn(1, b * t, h_v, generator=gen) for _ in range(2))
+    dh0 = torch.randn(n, h_v, D, D, generator=gen)
+
+    def checks_without_device(q, k, v, g_cumsum, beta, A, do, cu_seqlens):
+        return check_fwd_args(q, k, v, g_cumsum, beta, None, cu_seqlens)
+
+    monkeypatch.setattr(bwd_api, "_check_stage_inputs", checks_without_device)
+    monkeypatch.setattr(bwd_api, "chunk_states", lambda *a: None)
+    monkeypatch.setattr(
+        bwd_api, "_dstate_packed", lambda *a: bwd_api.DStateOutput(ds_next=None, dv=packed_dv, dh0=dh0)
+    )
+    monkeypatch.setattr(
+        bwd_api, "chunk_bwd_grads", lambda *a: (packed_dq, packed_dk, packed_dbeta, packed_dg)
+    )
+    out = bwd_api.chunk_gated_delta_rule_bwd(q, k, v, g, beta, a0, do, None, None, h0, cu_t)
+
+    assert out.dq.shape == q.shape and out.dk.shape == k.shape and out.dv.shape == v.shape
+    assert out.dbeta.shape == beta.shape and out.dg.shape == g.shape and out.dh0.shape == h0.shape
+    r = h_v // h_qk
+    want_dq = packed_dq.view(b, t, h_qk, r, D).sum(3).bfloat16()
+    torch.testing.assert_close(out.dq, want_dq)
+    torch.testing.assert_close(out.dv, packed_dv.view(b, t, h_v, D).bfloat16())
+    torch.testing.assert_close(out.dg, packed_dg.view(b, t, h_v))
