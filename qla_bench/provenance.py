@@ -35,6 +35,8 @@ ENV_FLAGS = (
     "QLA_KKT_IMPL",
     "QLA_FUSED_IMPL",
     "QLA_BWD_IMPL",
+    "QLA_BWD_DSTATE",
+    "QLA_CP",
 )
 CPU_GPU_NAME = "CPU"
 

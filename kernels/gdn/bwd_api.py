@@ -10,6 +10,7 @@ what gdn/autograd.py uses until this has passed on the H200 ($QLA_BWD_IMPL=tilel
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -18,6 +19,19 @@ from .api import _TL_DTYPE, _dummy_state, _plan, pack_tokens
 from .bwd_chunked import BwdOutput
 from .checks import HEAD_DIM, check_fwd_args
 from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v
+
+# Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
+# software pipeline (the forward v2's recipe). $QLA_BWD_DSTATE overrides the default.
+DSTATE_REVS = ("rev1", "rev2")
+DSTATE_REV_ENV = "QLA_BWD_DSTATE"
+DEFAULT_DSTATE_REV = "rev2"
+
+
+def resolve_dstate_rev() -> str:
+    name = os.environ.get(DSTATE_REV_ENV, "").strip() or DEFAULT_DSTATE_REV
+    if name not in DSTATE_REVS:
+        raise ValueError(f"${DSTATE_REV_ENV} must be one of {list(DSTATE_REVS)}, got {name!r}")
+    return name
 
 
 class DStateOutput(NamedTuple):
@@ -80,7 +94,8 @@ def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, 
     dh0 = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     use_dht = dht is not None
     dht_ = dht.contiguous() if use_dht else _dummy_state(h_v, qf.device)
-    kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], use_dht, bv)
+    pipelined = resolve_dstate_rev() == "rev2" and bv <= 64  # rev2 spills at 128 (408 B): rev1 there
+    kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], use_dht, bv, 256, False, pipelined)
     kernel(qf, kf, gf, bf, af, dof, dht_, plan.cu_seqlens, plan.chunk_offsets, dv, ds_next, dh0)
     return DStateOutput(ds_next=ds_next, dv=dv, dh0=dh0)
 

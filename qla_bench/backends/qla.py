@@ -9,6 +9,7 @@ that variable only picks what autograd uses, and the harness measures the kernel
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 
@@ -91,7 +92,21 @@ class QlaBackend(Backend):
         return backward_prepared(self.name, mode, forward, backward, _fwd_outputs, _bwd_outputs, [do, dht])
 
     def env_flags(self) -> dict[str, str]:
-        return {"qla_bwd": "TileLang (bwd_api: state store, dS chain, chunk gradients)"}
+        """The kernel choices in force (defaults or $QLA_* overrides), so a row says what it timed."""
+        flags = {"qla_bwd": "TileLang (bwd_api: state store, dS chain, chunk gradients)"}
+        try:
+            api = importlib.import_module("qla_kernels.gdn.api")
+            plan = importlib.import_module("qla_kernels.gdn.plan")
+            importlib.import_module(BWD_MODULE)
+        except Exception:  # reported by available(); rows of an unavailable backend carry no timing
+            return flags
+        fused = api.resolve_fused_impl()
+        flags["qla_fused"] = f"auto ({plan.WS_IMPL}, V-slice by config)" if fused == "auto" else fused
+        flags["qla_kkt"] = api.resolve_kkt_impl()
+        flags["qla_cp"] = "on" if os.environ.get(api.CP_ENV, "").strip() == "1" else "off"
+        bwd_api = importlib.import_module(BWD_MODULE)
+        flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
+        return flags
 
 
 def _fwd_outputs(f) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import NamedTuple
 
+import pytest
 import torch
 
 from qla_bench.backends.qla import QlaBackend
@@ -46,10 +47,19 @@ def _install(install_module, calls):
     install_module("qla_kernels.gdn.bwd_api", chunk_gated_delta_rule_bwd=bwd)
 
 
-def test_modes_and_flags():
+def test_modes_and_flags(monkeypatch):
+    pytest.importorskip("qla_kernels.gdn.api")
+    for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP"):
+        monkeypatch.delenv(var, raising=False)
     b = QlaBackend()
     assert b.modes == ("fwd", "bwd", "train")
-    assert "TileLang" in b.env_flags()["qla_bwd"]
+    flags = b.env_flags()
+    assert "TileLang" in flags["qla_bwd"]
+    assert flags["qla_fused"].startswith("auto (ws5") and flags["qla_kkt"] == "v3h" and flags["qla_cp"] == "off"
+    monkeypatch.setenv("QLA_KKT_IMPL", "v3")
+    monkeypatch.setenv("QLA_FUSED_IMPL", "v2")
+    monkeypatch.setenv("QLA_CP", "1")
+    assert (b.env_flags()["qla_kkt"], b.env_flags()["qla_fused"], b.env_flags()["qla_cp"]) == ("v3", "v2", "on")
 
 
 def test_bwd_and_train_map_the_six_gradients(make_inputs, naive_gdn_grads, install_module):

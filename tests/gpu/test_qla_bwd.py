@@ -53,18 +53,21 @@ BWD_TIMING = [(2, 8, "1x32768"), (16, 32, "1x32768"), (16, 32, "8192x4"), (16, 6
 
 
 def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
+    import itertools
+    import os
     import statistics
 
     from gpu.test_qla_fwd import make_inputs
 
     from qla_bench.timing import time_cuda_events
+    from qla_bench.workload import parse_seqlens
     from qla_kernels.gdn import bwd_api
     from qla_kernels.gdn.api import _plan, chunk_gated_delta_rule_fwd, pack_tokens
 
-    count, length = (int(x) for x in mix.split("x"))
-    t = count * length
-    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=count)
-    cu = torch.arange(0, t + 1, length, dtype=torch.int32, device="cuda")
+    lens = parse_seqlens(mix)  # the harness's labels: "1xL" one sequence, "LxN" N sequences of L
+    t = sum(lens)
+    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=len(lens))
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
     do = torch.randn_like(v)
     scale = 128**-0.5
@@ -85,6 +88,14 @@ def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix}
     for name, fn in calls.items():
         row[name] = statistics.median(time_cuda_events(fn, 20, flusher).samples_ms)
+    before = os.environ.get("QLA_BWD_DSTATE")
+    for rev in ("rev1", "rev2"):  # stage 1's two revisions side by side
+        os.environ["QLA_BWD_DSTATE"] = rev
+        row[f"stage1_{rev}"] = statistics.median(time_cuda_events(calls["stage1_dstate"], 20, flusher).samples_ms)
+    if before is None:
+        os.environ.pop("QLA_BWD_DSTATE")
+    else:
+        os.environ["QLA_BWD_DSTATE"] = before
     return row
 
 

@@ -19,9 +19,10 @@ from qla_kernels.gdn.bwd_chunked import dstate_chain  # noqa: E402
 TOL = 0.01
 
 
-@pytest.mark.parametrize("block_v", [None, 128])
+@pytest.mark.parametrize(("rev", "block_v"), [("rev1", None), ("rev2", None), ("rev2", 64)])
 @pytest.mark.parametrize("name", list(CASES))
-def test_dstate_chain_matches_float64(name, block_v):
+def test_dstate_chain_matches_float64(name, rev, block_v, monkeypatch):
+    monkeypatch.setenv("QLA_BWD_DSTATE", rev)
     q, k, v, g, beta, s0, cu = case_inputs(name)
     b, t, h_v = v.shape[0], v.shape[1], v.shape[2]
     n = cu.numel() - 1 if cu is not None else b
@@ -43,6 +44,6 @@ def test_dstate_chain_matches_float64(name, block_v):
     e_ds, e_dv, e_dh0 = rel_l2(out.ds_next, ref_ds), rel_l2(out.dv.reshape(b * t, h_v, 128), ref_dv), rel_l2(
         out.dh0, ref_dh0
     )
-    print(f"\n[bwd-dstate] {name} bv={block_v}: ds_next={e_ds:.2e} dv={e_dv:.2e} dh0={e_dh0:.2e}")
+    print(f"\n[bwd-dstate] {name} {rev} bv={block_v}: ds_next={e_ds:.2e} dv={e_dv:.2e} dh0={e_dh0:.2e}")
     assert torch.isfinite(out.ds_next).all() and torch.isfinite(out.dv).all()
     assert e_ds <= TOL and e_dv <= TOL and e_dh0 <= TOL, (e_ds, e_dv, e_dh0)

@@ -37,10 +37,13 @@ CASES = [
 def kernels():
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
     return {
-        (bv, dht): tilelang.compile(
-            bwd_dstate_program(D, D, SCALE, "float32", dht, block_v=bv, cpu_debug=True), target="c", pass_configs=cfg
+        (bv, dht, rev2): tilelang.compile(
+            bwd_dstate_program(D, D, SCALE, "float32", dht, block_v=bv, cpu_debug=True, pipelined=rev2),
+            target="c",
+            pass_configs=cfg,
         )
         for bv, dht in {(c[3], c[4]) for c in CASES}
+        for rev2 in (False, True)
     }
 
 
@@ -68,8 +71,9 @@ def rel(a, b):
     return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["rev1", "rev2-tile-loads"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}-bv{c[3]}-dht{int(c[4])}")
-def test_chain_matches_float64(kernels, case):
+def test_chain_matches_float64(kernels, case, pipelined):
     cu, h_qk, h_v, bv, use_dht = case
     q, k, gc, beta, a0, do, dht = make(cu, h_qk, h_v, seed=len(cu) + h_v)
     n_chunks = [-(-(e - s) // 64) for s, e in itertools.pairwise(cu)]
@@ -78,7 +82,7 @@ def test_chain_matches_float64(kernels, case):
     dv = torch.full((1, cu[-1], h_v, D), float("nan"))  # every valid row must be written
     ds_next = torch.full((sum(n_chunks), h_v, D, D), float("nan"))
     dh0 = torch.full((len(cu) - 1, h_v, D, D), float("nan"))
-    kernels[(bv, use_dht)](q, k, gc, beta, a0, do, dht, cu_t, offsets, dv, ds_next, dh0)
+    kernels[(bv, use_dht, pipelined)](q, k, gc, beta, a0, do, dht, cu_t, offsets, dv, ds_next, dh0)
     ref_ds, ref_dv, ref_dh0 = dstate_chain(q, k, gc, beta, a0, do, dht if use_dht else None, SCALE, cu)
     if not use_dht:  # dS' of every sequence's last chunk is then exactly zero
         assert all(ds_next[int(o) - 1].abs().max() == 0 for o in offsets[1:])

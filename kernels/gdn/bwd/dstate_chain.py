@@ -35,12 +35,21 @@ def bwd_dstate_program(
     block_v: int = 64,
     threads: int = 256,
     cpu_debug: bool = False,
+    pipelined: bool = False,
+    num_stages: int = 2,
 ):
     """TileLang program: (q, k, g_cumsum, beta, A0, dO, dht, cu_seqlens, chunk_offsets) ->
     (dv [1,T,H_v,V] fp32, ds_next [num_chunks,H_v,K,V] fp32, dh0 [N,H_v,K,V] fp32). Varlen (B = 1).
 
     chunk_offsets[s] is the index of sequence s's first chunk in ds_next (a prefix sum of
     ceil(len / 64)). Head counts are runtime values.
+
+    pipelined=False (rev 1): masked element loads, every step serial. pipelined=True (rev 2): the
+    forward v2's recipe, whole-tile loads (TMA on the GPU) of q, k, dO and A0 inside T.Pipelined, so
+    the next chunk's tiles arrive while this one computes. Rows past a sequence's end then hold the next
+    sequence's data: D is zeroed there and so are P's rows, which makes dVn's and dW's rows past the end
+    exactly 0 (P^T dO sums valid rows only, D_r = 0 there, Ag is lower triangular), so nothing of them
+    reaches dS.
     """
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -53,6 +62,9 @@ def bwd_dstate_program(
     acc = "float32"
 
     mm, alloc_sh, alloc_acc = build_helpers(cpu_debug)
+
+    def chunk_loop(n):
+        return T.Pipelined(n, num_stages=num_stages) if pipelined else T.serial(n)
 
     @T.prim_func
     def bwd_dstate(
@@ -87,6 +99,8 @@ def bwd_dstate_program(
             b_sh = alloc_sh((C,), acc)
             d_sh = alloc_sh((C,), acc)
             dr_sh = alloc_sh((C,), acc)
+            gl_sh = alloc_sh((C,), acc)
+            bl_sh = alloc_sh((C,), acc)
             ds_sh = alloc_sh((dk, block_v), dtype)
             p_sh = alloc_sh((C, C), dtype)
             ag_sh = alloc_sh((C, C), dtype)
@@ -108,36 +122,49 @@ def bwd_dstate_program(
                 for i, j in T.Parallel(dk, block_v):
                     ds[i, j] = 0.0
 
-            for ci in T.serial(n_chunks):
+            for ci in chunk_loop(n_chunks):
                 c = n_chunks - 1 - ci
                 t0 = start + c * C
+                if pipelined:
+                    T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
+                    T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
+                    T.copy(grad_o[0, t0 : t0 + C, bh, v0 : v0 + block_v], do_sh)
+                    T.copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh)
+                else:
+                    for i, j in T.Parallel(C, dk):
+                        q_sh[i, j] = q[0, T.min(t0 + i, end - 1), bhg, j]
+                        k_sh[i, j] = k[0, T.min(t0 + i, end - 1), bhg, j]
+                    for i, j in T.Parallel(C, block_v):
+                        x = T.cast(grad_o[0, T.min(t0 + i, end - 1), bh, v0 + j], acc)
+                        do_sh[i, j] = T.cast(T.if_then_else(t0 + i < end, x, 0.0), dtype)
+                    for i, j in T.Parallel(C, C):
+                        a_sh[i, j] = a0[0, T.min(t0 + i, end - 1), bh, j]
+                for i in T.Parallel(C):
+                    g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                    b_sh[i] = beta[0, T.min(t0 + i, end - 1), bh]
+                # consumer-owned copies at once: a pipeline may hand g_sh/b_sh back to the producer before
+                # the chunk's last use of them (the forward v2's race, NOTES.md). D is zero past the end.
+                for i in T.Parallel(C):
+                    gl_sh[i] = g_sh[i]
+                    bl_sh[i] = b_sh[i]
+                    d_sh[i] = T.if_then_else(t0 + i < end, T.exp2(g_sh[i] * LOG2E), 0.0)
+                    dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
                 # dS' of this chunk: the gradient of the state after it
                 for i, j in T.Parallel(dk, block_v):
                     ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
                     ds_sh[i, j] = T.cast(ds[i, j], dtype)
-                for i, j in T.Parallel(C, dk):
-                    q_sh[i, j] = q[0, T.min(t0 + i, end - 1), bhg, j]
-                    k_sh[i, j] = k[0, T.min(t0 + i, end - 1), bhg, j]
-                for i, j in T.Parallel(C, block_v):
-                    x = T.cast(grad_o[0, T.min(t0 + i, end - 1), bh, v0 + j], acc)
-                    do_sh[i, j] = T.cast(T.if_then_else(t0 + i < end, x, 0.0), dtype)
-                for i, j in T.Parallel(C, C):
-                    a_sh[i, j] = a0[0, T.min(t0 + i, end - 1), bh, j]
-                for i in T.Parallel(C):
-                    g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
-                    b_sh[i] = beta[0, T.min(t0 + i, end - 1), bh]
-                for i in T.Parallel(C):
-                    d_sh[i] = T.exp2(g_sh[i] * LOG2E)
-                    dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
 
                 # P = scale Gamma o (Q K^T), Ag = (Gamma o A0) diag(beta), both lower triangular
                 mm(q_sh, k_sh, p, transpose_b=True)
                 for i, j in T.Parallel(C, C):
                     p_sh[i, j] = T.cast(
-                        T.if_then_else(i >= j, p[i, j] * scale * T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0), dtype
+                        T.if_then_else(
+                            i >= j and t0 + i < end, p[i, j] * scale * T.exp2((gl_sh[i] - gl_sh[j]) * LOG2E), 0.0
+                        ),
+                        dtype,
                     )
                     ag[i, j] = T.if_then_else(
-                        i >= j, T.cast(a_sh[i, j], acc) * T.exp2((g_sh[i] - g_sh[j]) * LOG2E) * b_sh[j], 0.0
+                        i >= j, T.cast(a_sh[i, j], acc) * T.exp2((gl_sh[i] - gl_sh[j]) * LOG2E) * bl_sh[j], 0.0
                     )
                 T.copy(ag, ag_sh)
                 # dVn = P^T dO + D_r (K dS')
@@ -150,14 +177,15 @@ def bwd_dstate_program(
                 for i, j in T.Parallel(C, block_v):
                     if t0 + i < end:
                         dv_out[0, t0 + i, bh, v0 + j] = dw[i, j]
-                # dS = exp(gamma) dS' + Q^T (scale D dO) + K^T (-D dW)
+                # dS = exp(gamma) dS' + K^T (-D dW) + Q^T (scale D dO); q_sh is read last (a pipeline
+                # stage goes back to the producer after its tiles' last reads)
                 for i, j in T.Parallel(C, block_v):
                     dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
                     dwd_sh[i, j] = T.cast(-d_sh[i] * dw[i, j], dtype)
                 for i, j in T.Parallel(dk, block_v):
-                    ds[i, j] = ds[i, j] * d_sh[C - 1]
-                mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                    ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
                 mm(k_sh, dwd_sh, ds, transpose_a=True, clear=False)
+                mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
 
             for i, j in T.Parallel(dk, block_v):
                 dh0[seq, bh, i, v0 + j] = ds[i, j]
