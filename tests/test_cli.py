@@ -92,3 +92,12 @@ def test_malformed_sweep_file(tmp_path, capsys):
     bad.write_text('mode = "fwd"\nseqlens = ["1x64"]\n[[heads]]\nh_qk = 2\n')
     assert _main_exit(["fwd", "--sweep", str(bad)]) == 3
     assert "h_v" in capsys.readouterr().err
+
+
+def test_default_backends_leave_the_plain_torch_path_out_on_a_gpu(fake_backends):
+    from qla_bench.cli.run_cmds import default_backends
+
+    on_cpu, on_gpu = default_backends("fwd", on_gpu=False), default_backends("fwd", on_gpu=True)
+    assert "torch" in on_cpu and "torch" not in on_gpu
+    assert "fake-wrong" in on_gpu  # an available library backend stays a default on the GPU
+    assert set(on_gpu) == set(on_cpu) - {"torch"}

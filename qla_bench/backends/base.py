@@ -77,6 +77,9 @@ class Backend(ABC):
     # True when its first call times candidate configs on the GPU (Triton autotune): `prepare --jobs`
     # then keeps it in one job of its own, since concurrent GPU work would skew the choice it keeps.
     tunes_on_device: bool = False
+    # False for a backend that is no GPU library under comparison (the plain PyTorch path): a run on a
+    # GPU then leaves it out unless --backends names it.
+    default_on_gpu: bool = True
 
     @abstractmethod
     def available(self) -> str | None:

@@ -94,6 +94,9 @@ class TorchChunkedBackend(Backend):
     description = "plain PyTorch chunked GDN, fp32 math on the bf16 inputs (CPU or GPU)"
     modes = ("fwd", "bwd", "train")
     distributions = ("torch",)
+    # the CPU path and a cross-check, 20-100x slower than the kernels on a GPU (12 ms geomean on the smoke
+    # sweep against 0.1-0.6 ms): timing it by default would spend most of a GPU run on it
+    default_on_gpu = False
 
     def available(self) -> str | None:
         return None

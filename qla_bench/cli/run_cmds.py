@@ -46,12 +46,15 @@ def parse_timers(text: str | None, on_gpu: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def default_backends(mode: str) -> list[str]:
-    """Every registered backend that can run here and has this mode."""
+def default_backends(mode: str, on_gpu: bool = False) -> list[str]:
+    """Every registered backend that can run here and has this mode; on a GPU only the GPU libraries
+    (Backend.default_on_gpu), the others are run when --backends names them."""
     out = []
     for name in backend_names():
         b = get_backend(name)
         if mode not in b.modes and not (mode == "train" and "bwd" in b.modes):
+            continue
+        if on_gpu and not b.default_on_gpu:
             continue
         try:
             ok = b.available() is None
@@ -123,7 +126,7 @@ def execute(
     on_gpu = gpu_name != CPU_GPU_NAME
     apply_cache_dir(cache_dir)
     the_sweep = build_sweep(mode, sweep, heads, seqlens, on_gpu)
-    names = parse_backends(backends) if backends else default_backends(mode)
+    names = parse_backends(backends) if backends else default_backends(mode, on_gpu)
     timer_list = parse_timers(timers, on_gpu)
     if reps is not None and reps < 1:
         raise UsageError("--reps", f"must be >= 1, got {reps}")
@@ -212,7 +215,9 @@ def print_summary(rows: list[Row], mode: str) -> None:
 
 # ---- shared options ---------------------------------------------------------------------------------
 GPU = typer.Option(None, "--gpu", help="GPU profile name, e.g. H200; must match the device. Default: detected.")
-BACKENDS = typer.Option(None, "--backends", "-b", help="Comma list (default: every backend available here).")
+BACKENDS = typer.Option(
+    None, "--backends", "-b", help="Comma list (default: every backend available here; on a GPU without 'torch')."
+)
 SWEEP = typer.Option(
     None, "--sweep", "-s", help="Sweep name or TOML path (default: qwen35-* on GPU, cpu-smoke on CPU)."
 )
@@ -411,7 +416,7 @@ def _prepare_in_jobs(
     started = time.perf_counter()
     gpu_name = resolve_gpu(gpu)
     the_sweep = build_sweep(mode, sweep, heads, seqlens, gpu_name != CPU_GPU_NAME)
-    names = parse_backends(backends) if backends else default_backends(mode)
+    names = parse_backends(backends) if backends else default_backends(mode, gpu_name != CPU_GPU_NAME)
     planned = plan_jobs(names, head_specs(the_sweep))
     out_dir = Path(out) if out else results_dir(gpu_name)
     rows_file = f"numerics/prepare-{mode}.jsonl"
