@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -32,6 +33,7 @@ def test_fwd_cpu_default_writes_rows_table_and_plot(tmp_path):
     assert "FORWARD" in table and "33+1" in table
     again = runner.invoke(app, ["fwd", "--out", str(out), "--seqlens", "1x70,33+1", "--reps", "3"])
     assert again.exit_code == 0 and "resumed" in again.output
+    assert re.search(r"wall time \d+\.\d s \(\d+\.\d s since start-up\)", res.output), res.output[-300:]
     assert len(list(iter_rows(out / "cpu-smoke-fwd.jsonl"))) == 6
 
 
