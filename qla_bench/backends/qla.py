@@ -97,14 +97,13 @@ class QlaBackend(Backend):
         try:
             api = importlib.import_module("qla_kernels.gdn.api")
             plan = importlib.import_module("qla_kernels.gdn.plan")
-            importlib.import_module(BWD_MODULE)
+            bwd_api = importlib.import_module(BWD_MODULE)
         except Exception:  # reported by available(); rows of an unavailable backend carry no timing
             return flags
         fused = api.resolve_fused_impl()
         flags["qla_fused"] = f"auto ({plan.WS_IMPL}, V-slice by config)" if fused == "auto" else fused
         flags["qla_kkt"] = api.resolve_kkt_impl()
         flags["qla_cp"] = "on" if os.environ.get(api.CP_ENV, "").strip() == "1" else "off"
-        bwd_api = importlib.import_module(BWD_MODULE)
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         return flags
 
