@@ -231,10 +231,15 @@ def chunk_kkt_solve(
 CP_ENV = "QLA_CP"
 
 
+def resolve_cp() -> bool:
+    """Context parallelism by default? Only when $QLA_CP is "1" (not yet faster on the H200, NOTES.md)."""
+    return os.environ.get(CP_ENV, "").strip() == "1"
+
+
 def _cp_plan(plan: ChunkPlan, h_v: int, num_sms: int, cp: bool | None, cp_piece: int | None) -> CPPlan | None:
     """The context-parallel split to run, or None for the plain forward."""
     if cp is None:
-        cp = os.environ.get(CP_ENV, "").strip() == "1"
+        cp = resolve_cp()
     if not cp:
         return None
     if cp_piece is not None and cp_piece < 1:

@@ -9,7 +9,6 @@ that variable only picks what autograd uses, and the harness measures the kernel
 from __future__ import annotations
 
 import importlib
-import os
 
 import torch
 
@@ -103,7 +102,7 @@ class QlaBackend(Backend):
         fused = api.resolve_fused_impl()
         flags["qla_fused"] = f"auto ({plan.WS_IMPL}, V-slice by config)" if fused == "auto" else fused
         flags["qla_kkt"] = api.resolve_kkt_impl()
-        flags["qla_cp"] = "on" if os.environ.get(api.CP_ENV, "").strip() == "1" else "off"
+        flags["qla_cp"] = "on" if api.resolve_cp() else "off"
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         return flags
 

@@ -54,7 +54,6 @@ BWD_TIMING = [(2, 8, "1x32768"), (16, 32, "1x32768"), (16, 32, "8192x4"), (16, 6
 
 def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     import itertools
-    import os
     import statistics
 
     from gpu.test_qla_fwd import make_inputs
@@ -88,14 +87,10 @@ def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix}
     for name, fn in calls.items():
         row[name] = statistics.median(time_cuda_events(fn, 20, flusher).samples_ms)
-    before = os.environ.get("QLA_BWD_DSTATE")
     for rev in ("rev1", "rev2"):  # stage 1's two revisions side by side
-        os.environ["QLA_BWD_DSTATE"] = rev
-        row[f"stage1_{rev}"] = statistics.median(time_cuda_events(calls["stage1_dstate"], 20, flusher).samples_ms)
-    if before is None:
-        os.environ.pop("QLA_BWD_DSTATE")
-    else:
-        os.environ["QLA_BWD_DSTATE"] = before
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("QLA_BWD_DSTATE", rev)
+            row[f"stage1_{rev}"] = statistics.median(time_cuda_events(calls["stage1_dstate"], 20, flusher).samples_ms)
     return row
 
 

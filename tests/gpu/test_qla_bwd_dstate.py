@@ -19,7 +19,7 @@ from qla_kernels.gdn.bwd_chunked import dstate_chain  # noqa: E402
 TOL = 0.01
 
 
-@pytest.mark.parametrize(("rev", "block_v"), [("rev1", None), ("rev2", None), ("rev2", 64)])
+@pytest.mark.parametrize(("rev", "block_v"), [("rev1", None), ("rev1", 128), ("rev2", None), ("rev2", 64)])
 @pytest.mark.parametrize("name", list(CASES))
 def test_dstate_chain_matches_float64(name, rev, block_v, monkeypatch):
     monkeypatch.setenv("QLA_BWD_DSTATE", rev)

@@ -125,6 +125,10 @@ def bwd_dstate_program(
             for ci in chunk_loop(n_chunks):
                 c = n_chunks - 1 - ci
                 t0 = start + c * C
+                if not pipelined:  # rev 1 exactly as checked on the H200 (commit 824b411): dS' first
+                    for i, j in T.Parallel(dk, block_v):
+                        ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
+                        ds_sh[i, j] = T.cast(ds[i, j], dtype)
                 if pipelined:
                     T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
                     T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
@@ -142,30 +146,45 @@ def bwd_dstate_program(
                 for i in T.Parallel(C):
                     g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                     b_sh[i] = beta[0, T.min(t0 + i, end - 1), bh]
-                # consumer-owned copies at once: a pipeline may hand g_sh/b_sh back to the producer before
-                # the chunk's last use of them (the forward v2's race, NOTES.md). D is zero past the end.
-                for i in T.Parallel(C):
-                    gl_sh[i] = g_sh[i]
-                    bl_sh[i] = b_sh[i]
-                    d_sh[i] = T.if_then_else(t0 + i < end, T.exp2(g_sh[i] * LOG2E), 0.0)
-                    dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
-                # dS' of this chunk: the gradient of the state after it
-                for i, j in T.Parallel(dk, block_v):
-                    ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
-                    ds_sh[i, j] = T.cast(ds[i, j], dtype)
+                if pipelined:
+                    # consumer-owned copies at once: the pipeline may hand g_sh/b_sh back to the producer
+                    # before the chunk's last use of them (the forward v2's race, NOTES.md). D is zero past
+                    # the end: those rows hold the next sequence's dO.
+                    for i in T.Parallel(C):
+                        gl_sh[i] = g_sh[i]
+                        bl_sh[i] = b_sh[i]
+                        d_sh[i] = T.if_then_else(t0 + i < end, T.exp2(g_sh[i] * LOG2E), 0.0)
+                        dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+                    # dS' of this chunk: the gradient of the state after it
+                    for i, j in T.Parallel(dk, block_v):
+                        ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
+                        ds_sh[i, j] = T.cast(ds[i, j], dtype)
+                else:
+                    for i in T.Parallel(C):
+                        d_sh[i] = T.exp2(g_sh[i] * LOG2E)
+                        dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
 
                 # P = scale Gamma o (Q K^T), Ag = (Gamma o A0) diag(beta), both lower triangular
                 mm(q_sh, k_sh, p, transpose_b=True)
-                for i, j in T.Parallel(C, C):
-                    p_sh[i, j] = T.cast(
-                        T.if_then_else(
-                            i >= j and t0 + i < end, p[i, j] * scale * T.exp2((gl_sh[i] - gl_sh[j]) * LOG2E), 0.0
-                        ),
-                        dtype,
-                    )
-                    ag[i, j] = T.if_then_else(
-                        i >= j, T.cast(a_sh[i, j], acc) * T.exp2((gl_sh[i] - gl_sh[j]) * LOG2E) * bl_sh[j], 0.0
-                    )
+                if pipelined:  # P's rows past the end are zeroed (their q rows are another sequence's)
+                    for i, j in T.Parallel(C, C):
+                        p_sh[i, j] = T.cast(
+                            T.if_then_else(
+                                i >= j and t0 + i < end, p[i, j] * scale * T.exp2((gl_sh[i] - gl_sh[j]) * LOG2E), 0.0
+                            ),
+                            dtype,
+                        )
+                        ag[i, j] = T.if_then_else(
+                            i >= j, T.cast(a_sh[i, j], acc) * T.exp2((gl_sh[i] - gl_sh[j]) * LOG2E) * bl_sh[j], 0.0
+                        )
+                else:
+                    for i, j in T.Parallel(C, C):
+                        p_sh[i, j] = T.cast(
+                            T.if_then_else(i >= j, p[i, j] * scale * T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0), dtype
+                        )
+                        ag[i, j] = T.if_then_else(
+                            i >= j, T.cast(a_sh[i, j], acc) * T.exp2((g_sh[i] - g_sh[j]) * LOG2E) * b_sh[j], 0.0
+                        )
                 T.copy(ag, ag_sh)
                 # dVn = P^T dO + D_r (K dS')
                 mm(k_sh, ds_sh, kds)
@@ -177,15 +196,20 @@ def bwd_dstate_program(
                 for i, j in T.Parallel(C, block_v):
                     if t0 + i < end:
                         dv_out[0, t0 + i, bh, v0 + j] = dw[i, j]
-                # dS = exp(gamma) dS' + K^T (-D dW) + Q^T (scale D dO); q_sh is read last (a pipeline
-                # stage goes back to the producer after its tiles' last reads)
+                # dS = exp(gamma) dS' + Q^T (scale D dO) + K^T (-D dW)
                 for i, j in T.Parallel(C, block_v):
                     dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
                     dwd_sh[i, j] = T.cast(-d_sh[i] * dw[i, j], dtype)
-                for i, j in T.Parallel(dk, block_v):
-                    ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
-                mm(k_sh, dwd_sh, ds, transpose_a=True, clear=False)
-                mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                if pipelined:  # d_sh[C - 1] may be masked here; q_sh read last (a stage is released after it)
+                    for i, j in T.Parallel(dk, block_v):
+                        ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
+                    mm(k_sh, dwd_sh, ds, transpose_a=True, clear=False)
+                    mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                else:
+                    for i, j in T.Parallel(dk, block_v):
+                        ds[i, j] = ds[i, j] * d_sh[C - 1]
+                    mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                    mm(k_sh, dwd_sh, ds, transpose_a=True, clear=False)
 
             for i, j in T.Parallel(dk, block_v):
                 dh0[seq, bh, i, v0 + j] = ds[i, j]
