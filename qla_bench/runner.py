@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backends import get_backend
 from .provenance import env_flags, git_sha, is_throttled, library_versions, read_health
 from .roofline import Ceilings, derived
 from .rows import Row, Status, append_row, iter_rows
@@ -68,9 +69,11 @@ def open_sessions(opts: RunOptions) -> dict[str, BackendSession | IsolatedSessio
 
 
 def close_sessions(sessions: dict) -> None:
-    for s in sessions.values():
-        if isinstance(s, IsolatedSession):
-            s.close()
+    isolated = [s for s in sessions.values() if isinstance(s, IsolatedSession)]
+    for s in isolated:
+        s.begin_close()  # all workers release their GPU contexts at once
+    for s in isolated:
+        s.close()
 
 
 def _base_row(point: SweepPoint, backend: str, opts: RunOptions, timer: str, run_id: str) -> Row:
@@ -136,10 +139,7 @@ def measure_point(
     wl = point.workload
     seed = wl.seed(opts.seed_base)
     health_before = read_health()
-    setups: dict[str, SetupResult] = {}
-    for b in opts.backends:
-        cb.backend_step(b, "numerics")
-        setups[b] = sessions[b].setup(wl, opts.mode, seed, opts.check_seeds)
+    setups = _setup_all(wl, seed, opts, sessions, cb)
     passing = [b for b in opts.backends if setups[b].status == Status.PASSED.value]
     samples: dict[tuple[str, str], list[float]] = {}
     failures: dict[tuple[str, str], tuple[str, str]] = {}
@@ -180,6 +180,29 @@ def measure_point(
                 _fill_timing(row, samples[(b, timer)], wl, opts)
             rows.append(row)
     return rows
+
+
+def _setup_all(wl: Workload, seed: int, opts: RunOptions, sessions: dict, cb: Callbacks) -> dict[str, SetupResult]:
+    """Numerics (and first calls) of every backend for one config, in backend order.
+
+    Isolated workers set up at the same time (their first calls, cache loads and float64 references
+    overlap), except backends that autotune on the GPU (FLA's Triton): those run theirs first, alone,
+    so no other work skews the configs they keep. Nothing is timed until every setup has returned.
+    """
+    args = (wl, opts.mode, seed, opts.check_seeds)
+    setups: dict[str, SetupResult] = {}
+    for b in opts.backends:
+        if isinstance(sessions[b], IsolatedSession) and get_backend(b).tunes_on_device:
+            cb.backend_step(b, "numerics (alone: it autotunes on the GPU)")
+            setups[b] = sessions[b].setup(*args)
+    for b in opts.backends:
+        if b not in setups and isinstance(sessions[b], IsolatedSession):
+            sessions[b].begin_setup(*args)
+    for b in opts.backends:
+        if b not in setups:
+            cb.backend_step(b, "numerics")
+            setups[b] = sessions[b].setup(*args)
+    return {b: setups[b] for b in opts.backends}
 
 
 def _fill_timing(row: Row, samples_ms: list[float], wl: Workload, opts: RunOptions) -> None:

@@ -76,6 +76,8 @@ class IsolatedSession:
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
         self._pending: str | None = None  # a command sent by warm_up() whose answer is still unread
+        self._begun: tuple | None = None  # the arguments of a begin_setup() whose answer is still unread
+        self._closing = False  # begin_close() asked the worker to exit
 
     def warm_up(self) -> None:
         """Start the worker and have it import its library and create its CUDA context now, without
@@ -94,6 +96,7 @@ class IsolatedSession:
             self._kill()
 
     def _start(self) -> None:
+        self._pending = None  # a new worker has been asked nothing yet
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(
             target=_worker_main, args=(child, *self.args), daemon=True, name=f"qla-worker-{self.backend_name}"
@@ -108,24 +111,39 @@ class IsolatedSession:
             self._proc.join(5)
         self._proc, self._conn, self._pending = None, None, None
 
+    def begin_close(self) -> None:
+        """Ask the worker to exit without waiting (close() then reaps it): workers shut down together."""
+        if self._proc is not None and self._proc.is_alive() and self._conn is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                self._conn.send(("close", ()))
+                self._closing = True
+
     def _request(self, cmd: str, *args: Any, timeout_s: float | None = None) -> Any:
+        self._send(cmd, args)
+        return self._receive(cmd, args, timeout_s)
+
+    def _send(self, cmd: str, args: tuple) -> None:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        assert self._conn is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):  # _answer says how it died
+            self._conn.send((cmd, args))
+
+    def _receive(self, cmd: str, args: tuple, timeout_s: float | None) -> Any:
+        """The answer to `cmd`, already sent. The warm-up's answer, if unread, comes first: a worker
+        that hung while warming up fails this request (its import would hang again); one that died
+        took `cmd` with it, so a new worker is asked again."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         if self._pending is not None:
-            # the warm-up answer comes first. A worker that hung while warming up fails this request
-            # (its import would hang again); one that died is replaced below and asked again.
             pending, self._pending = self._pending, None
             try:
                 self._answer(pending, timeout)
             except WorkerFailure as exc:
                 if exc.status == Status.TIMEOUT:
                     raise
+                self._send(cmd, args)
             except RuntimeError:
                 pass
-        if self._proc is None or not self._proc.is_alive():
-            self._start()
-        assert self._conn is not None and self._proc is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):  # _answer says how it died
-            self._conn.send((cmd, args))
         return self._answer(cmd, timeout)
 
     def _answer(self, cmd: str, timeout: float) -> Any:
@@ -161,9 +179,23 @@ class IsolatedSession:
         except WorkerFailure as exc:
             return exc.reason
 
+    def begin_setup(self, wl: Workload, mode: str, seed: int, check_seeds: int = 1) -> None:
+        """Send the setup request without waiting for it: the runner starts every worker's setup of a
+        config at once (first calls, loads and float64 references overlap), then collects them with
+        setup() in backend order."""
+        args = (wl, mode, seed, check_seeds)
+        self._send("setup", args)
+        self._begun = args
+
     def setup(self, wl: Workload, mode: str, seed: int, check_seeds: int = 1) -> SetupResult:
+        args = (wl, mode, seed, check_seeds)
+        begun, self._begun = self._begun, None
         try:
-            return SetupResult(**self._request("setup", wl, mode, seed, check_seeds))
+            if begun is not None and begun == args:
+                return SetupResult(**self._receive("setup", args, None))
+            if begun is not None:
+                raise RuntimeError(f"{self.backend_name}: setup() for another workload than begin_setup()")
+            return SetupResult(**self._request("setup", *args))
         except WorkerFailure as exc:
             return SetupResult(exc.status.value, exc.reason)
 
@@ -174,10 +206,13 @@ class IsolatedSession:
         with contextlib.suppress(WorkerFailure, RuntimeError):
             self._request("teardown", timeout_s=60)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 10.0) -> None:
+        """Ask the worker to exit (unless begin_close() did) and reap it; kill it after wait_s."""
         if self._proc is not None and self._proc.is_alive():
-            with contextlib.suppress(WorkerFailure, RuntimeError):
-                self._request("close", timeout_s=10)
+            if not self._closing:
+                self.begin_close()
+            self._proc.join(wait_s)
+        self._closing = False
         self._kill()
 
 

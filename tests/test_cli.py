@@ -103,3 +103,25 @@ def test_default_backends_leave_the_plain_torch_path_out_on_a_gpu(fake_backends)
     assert "torch" in on_cpu and "torch" not in on_gpu
     assert "fake-wrong" in on_gpu  # an available library backend stays a default on the GPU
     assert set(on_gpu) == set(on_cpu) - {"torch"}
+
+
+def test_isolated_runs_pick_default_backends_without_importing_them(fake_backends):
+    # a worker imports its own library (and an import failure becomes rows with the reason), so the
+    # parent only asks whether each library is installed
+    from qla_bench.cli.run_cmds import default_backends
+
+    assert "fake-import-fails" not in default_backends("fwd", import_check=True)
+    assert "fake-import-fails" in default_backends("fwd", import_check=False)
+    assert "fake-missing" not in default_backends("fwd", import_check=False)  # installed() defaults to available()
+
+
+def test_isolated_run_records_an_import_failure_on_every_row(tmp_path, fake_backends):
+    from qla_bench.runner import RunOptions, run_sweep
+    from qla_bench.sweeps import parse_sweep
+
+    sweep = parse_sweep(
+        {"mode": "fwd", "k": 32, "v": 16, "seqlens": ["1x70"], "heads": [{"model": "t", "h_qk": 1, "h_v": 1}]}, "t"
+    )
+    opts = RunOptions(backends=["fake-import-fails"], device="cpu", isolate=True, timeout_s=60, reps=2, rounds=1)
+    rows = run_sweep(sweep, opts, tmp_path / "rows.jsonl")
+    assert [(r.status, r.reason) for r in rows] == [("UNSUPPORTED", "unavailable: cannot import fake (simulated)")]

@@ -119,6 +119,20 @@ def test_isolated_workers_load_their_libraries_in_parallel(tmp_path, fake_backen
     assert abs(a - b) < 3.0
 
 
+def test_isolated_setups_overlap_except_for_backends_that_autotune(tmp_path, fake_backends, monkeypatch):
+    # each fake setup takes 2 s: a and b run theirs at once, the tuner alone before them
+    monkeypatch.setenv("QLA_TEST_STAMP_DIR", str(tmp_path))
+    opts = _opts(["fake-slow-setup-a", "fake-slow-setup-tuner", "fake-slow-setup-b"], isolate=True, timeout_s=60)
+    rows = run_sweep(_sweep(seqlens=["1x70"]), opts, tmp_path / "rows.jsonl")
+    assert [r.backend for r in rows] == opts.backends and {r.status for r in rows} == {"PASSED"}
+    a, tuner, b = (
+        [float(x) for x in (tmp_path / f"{n}.setup").read_text().split()]
+        for n in ("fake-slow-setup-a", "fake-slow-setup-tuner", "fake-slow-setup-b")
+    )
+    assert abs(a[0] - b[0]) < 1.5  # begun together, not one after the other (>= 2 s apart)
+    assert tuner[1] <= min(a[0], b[0])  # the autotuning backend had the device to itself
+
+
 def test_worker_dying_while_warming_up_becomes_error_rows(tmp_path, fake_backends):
     opts = _opts(["fake-dies-on-import", "torch"], isolate=True, timeout_s=30)
     rows = run_sweep(_sweep(), opts, tmp_path / "rows.jsonl")

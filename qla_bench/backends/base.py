@@ -85,6 +85,15 @@ class Backend(ABC):
     def available(self) -> str | None:
         """None when the library can run here, else the reason it cannot (import error, no GPU...)."""
 
+    def installed(self) -> str | None:
+        """A cheaper available(): whether the library is there, without importing it.
+
+        Isolated runs pick their default backends with this, since every worker imports its library
+        anyway and turns an import failure into UNSUPPORTED rows that carry the reason; importing all
+        of them once more in the parent process cost a warm GPU smoke run ~15 s. Default: available().
+        """
+        return self.available()
+
     def supports(self, workload: Workload, mode: str, device: torch.device) -> str | None:
         """None when this backend can run the workload in this mode, else why not."""
         if mode not in self.modes:

@@ -25,7 +25,7 @@ import torch
 from ..workload import Workload
 from . import register
 from .base import Backend, GDNInputs, Prepared, backward_prepared, env_flag_values, grad_seeds, requires_cuda
-from .libinfo import import_or_reason, library_reason, version_tuple
+from .libinfo import import_or_reason, installed_reason, library_reason, version_tuple
 
 ENTRY_MODULE = "fla.ops.gated_delta_rule.chunk"
 INDEX_MODULE = "fla.ops.utils.index"
@@ -128,6 +128,9 @@ class FlaBackend(Backend):
 
     def available(self) -> str | None:
         return library_reason("fla", "fla-core", ENTRY_MODULE)
+
+    def installed(self) -> str | None:
+        return installed_reason("fla", "fla-core")
 
     def supports(self, workload: Workload, mode: str, device: torch.device) -> str | None:
         reason = super().supports(workload, mode, device) or requires_cuda(device)

@@ -32,7 +32,7 @@ from ..workload import Workload
 from . import register
 from .base import Backend, GDNInputs, Prepared, env_flag_values, requires_cuda
 from .layouts import add_batch, drop_batch, log_gate_to_linear, state_kv_to_vk, state_vk_to_kv
-from .libinfo import dist_version, import_or_reason, library_reason, version_tuple
+from .libinfo import dist_version, import_or_reason, installed_reason, library_reason, version_tuple
 
 DIST = "flashinfer-python"
 ENTRY_MODULE = "flashinfer.gdn_prefill"
@@ -153,6 +153,9 @@ class _FlashInferBase(Backend):
 
     def available(self) -> str | None:
         return library_reason("flashinfer", DIST, ENTRY_MODULE)
+
+    def installed(self) -> str | None:
+        return installed_reason("flashinfer", DIST)
 
     def _version(self) -> str:
         return dist_version(DIST) or ""

@@ -23,7 +23,7 @@ import torch
 from ..workload import Workload
 from . import register
 from .base import Backend, GDNInputs, Prepared, backward_prepared, grad_seeds, requires_cuda
-from .libinfo import import_or_reason, library_reason
+from .libinfo import import_or_reason, installed_reason, library_reason
 
 ENTRY_MODULE = "flash_qla"
 HEAD_DIM = 128
@@ -54,6 +54,9 @@ class FlashQLABackend(Backend):
 
     def available(self) -> str | None:
         return library_reason("flash_qla", "flash-qla", ENTRY_MODULE)
+
+    def installed(self) -> str | None:
+        return installed_reason("flash_qla", "flash-qla")
 
     def supports(self, workload: Workload, mode: str, device: torch.device) -> str | None:
         reason = super().supports(workload, mode, device) or requires_cuda(device)

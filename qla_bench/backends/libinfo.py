@@ -71,11 +71,16 @@ def cuda_reason() -> str | None:
     return None
 
 
-def library_reason(module: str, dist: str, entry: str) -> str | None:
-    """Common available() check: installed, a CUDA GPU present, and the entry module imports."""
+def installed_reason(module: str, dist: str) -> str | None:
+    """Backend.installed() for a library: present and a CUDA GPU visible, without importing it."""
     if not is_installed(module):
         return f"{dist} is not installed (no module {module!r})"
-    reason = cuda_reason()
+    return cuda_reason()
+
+
+def library_reason(module: str, dist: str, entry: str) -> str | None:
+    """Common available() check: installed, a CUDA GPU present, and the entry module imports."""
+    reason = installed_reason(module, dist)
     if reason:
         return reason
     _, reason = import_or_reason(entry)

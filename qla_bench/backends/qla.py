@@ -15,6 +15,7 @@ import torch
 from ..workload import Workload
 from . import register
 from .base import Backend, GDNInputs, Prepared, backward_prepared, grad_seeds, hopper_or_newer
+from .libinfo import is_installed
 
 BWD_MODULE = "qla_kernels.gdn.bwd_api"
 
@@ -43,6 +44,14 @@ class QlaBackend(Backend):
         if not getattr(mod, "KERNELS_READY", False):
             return "bundled kernels not built yet (qla_kernels.KERNELS_READY is False)"
         return None
+
+    def installed(self) -> str | None:
+        if not torch.cuda.is_available():
+            return "needs a CUDA device (SM90)"
+        for module in ("qla_kernels", "tilelang"):
+            if not is_installed(module):
+                return f"no module {module!r}; install with the [gpu] extra"
+        return hopper_or_newer(torch.device("cuda"))
 
     def supports(self, workload: Workload, mode: str, device: torch.device) -> str | None:
         why = super().supports(workload, mode, device)

@@ -48,15 +48,22 @@ def parse_timers(text: str | None, on_gpu: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def wall_times(started: float) -> str:
-    """The command's wall time, and the same since the process imported qla_bench (imports included)."""
+def wall_times(started: float, phases: dict[str, float] | None = None) -> str:
+    """The command's wall time, the same since the process imported qla_bench (imports included), and
+    the seconds of its phases (where a slow run spends its time)."""
     now = time.perf_counter()
-    return f"wall time {now - started:.1f} s ({now - qla_bench.STARTED:.1f} s since start-up)"
+    text = f"wall time {now - started:.1f} s ({now - qla_bench.STARTED:.1f} s since start-up)"
+    if phases:
+        text += ": " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
+    return text
 
 
-def default_backends(mode: str, on_gpu: bool = False) -> list[str]:
+def default_backends(mode: str, on_gpu: bool = False, import_check: bool = True) -> list[str]:
     """Every registered backend that can run here and has this mode; on a GPU only the GPU libraries
-    (Backend.default_on_gpu), the others are run when --backends names them."""
+    (Backend.default_on_gpu), the others are run when --backends names them.
+
+    import_check=False asks Backend.installed() instead of available(): for isolated runs, whose
+    workers import their own library and report an import failure on every row."""
     out = []
     for name in backend_names():
         b = get_backend(name)
@@ -65,7 +72,7 @@ def default_backends(mode: str, on_gpu: bool = False) -> list[str]:
         if on_gpu and not b.default_on_gpu:
             continue
         try:
-            ok = b.available() is None
+            ok = (b.available() if import_check else b.installed()) is None
         except Exception:
             ok = False
         if ok:
@@ -89,7 +96,13 @@ class _ProgressCallbacks(Callbacks):
     def __init__(self, progress: Progress, task) -> None:
         self.progress, self.task = progress, task
         self.current = ""
-        super().__init__(point_started=self._point, row_written=lambda r: None, backend_step=self._step)
+        self.started = time.perf_counter()
+        self.first_point_s = 0.0  # seconds until the first config's rows were written (worker start-up in it)
+        super().__init__(point_started=self._point, row_written=self._row, backend_step=self._step)
+
+    def _row(self, row) -> None:
+        if not self.first_point_s:
+            self.first_point_s = time.perf_counter() - self.started
 
     def _point(self, point) -> None:
         if self.current:
@@ -134,7 +147,8 @@ def execute(
     on_gpu = gpu_name != CPU_GPU_NAME
     apply_cache_dir(cache_dir)
     the_sweep = build_sweep(mode, sweep, heads, seqlens, on_gpu)
-    names = parse_backends(backends) if backends else default_backends(mode, on_gpu)
+    isolate = on_gpu if isolate is None else isolate
+    names = parse_backends(backends) if backends else default_backends(mode, on_gpu, import_check=not isolate)
     timer_list = parse_timers(timers, on_gpu)
     if reps is not None and reps < 1:
         raise UsageError("--reps", f"must be >= 1, got {reps}")
@@ -150,7 +164,7 @@ def execute(
         reps=reps or (100 if on_gpu else 5),
         rounds=rounds,
         tolerance=tolerance,
-        isolate=on_gpu if isolate is None else isolate,
+        isolate=isolate,
         timeout_s=timeout,
         cold_l2=not warm_l2,
         gpu=gpu_name,
@@ -171,11 +185,16 @@ def execute(
         TextColumn("eta"),
         TimeRemainingColumn(),
     )
+    phases = {"set-up": time.perf_counter() - started}
     with Progress(*columns, console=err_console, transient=False) as progress:
         task = progress.add_task(the_sweep.name, total=len(the_sweep.points))
         cb = _ProgressCallbacks(progress, task)
+        t_sweep = time.perf_counter()
         rows = run_sweep(the_sweep, opts, out_path, cb, resume=resume)
         cb.finish()
+        phases["first config (workers start)"] = cb.first_point_s
+        phases["sweep"] = time.perf_counter() - t_sweep
+    t_report = time.perf_counter()
     print_summary(rows, mode)
     if report and out_path.is_file():
         from ..report.writer import write_reports
@@ -184,7 +203,8 @@ def execute(
         written = write_reports(all_rows, out_dir, gpu=gpu_name)
         for p in written:
             err_console.print(f"[dim]wrote {p}[/]")
-    err_console.print(f"[dim]rows: {out_path}; {wall_times(started)}[/]")
+    phases["summary and report"] = time.perf_counter() - t_report
+    err_console.print(f"[dim]rows: {out_path}; {wall_times(started, phases)}[/]")
     return rows, out_path
 
 
@@ -424,7 +444,8 @@ def _prepare_in_jobs(
     started = time.perf_counter()
     gpu_name = resolve_gpu(gpu)
     the_sweep = build_sweep(mode, sweep, heads, seqlens, gpu_name != CPU_GPU_NAME)
-    names = parse_backends(backends) if backends else default_backends(mode, gpu_name != CPU_GPU_NAME)
+    on_gpu = gpu_name != CPU_GPU_NAME
+    names = parse_backends(backends) if backends else default_backends(mode, on_gpu, import_check=False)
     planned = plan_jobs(names, head_specs(the_sweep))
     out_dir = Path(out) if out else results_dir(gpu_name)
     rows_file = f"numerics/prepare-{mode}.jsonl"

@@ -157,3 +157,55 @@ class DiesOnImport(_Fake):
 
     def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:  # pragma: no cover - never reached
         raise AssertionError("prepare() called after a failed import")
+
+
+class _SlowSetup(_Fake):
+    """prepare() takes 2 s and stamps when it started and ended (QLA_TEST_STAMP_DIR/<name>.setup)."""
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
+        stamp_dir = os.environ.get("QLA_TEST_STAMP_DIR")
+        began = time.time()
+        time.sleep(2)
+        if stamp_dir:
+            with open(os.path.join(stamp_dir, f"{self.name}.setup"), "w") as f:
+                f.write(f"{began!r} {time.time()!r}")
+        x = inputs
+
+        def run():
+            return chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
+
+        return Prepared(run=run, outputs=lambda r: {"o": r[0], "final_state": r[1]}, graph_safe=False)
+
+
+@register
+class SlowSetupA(_SlowSetup):
+    name = "fake-slow-setup-a"
+
+
+@register
+class SlowSetupB(_SlowSetup):
+    name = "fake-slow-setup-b"
+
+
+@register
+class SlowSetupTuner(_SlowSetup):
+    """Autotunes on the GPU (like FLA): its setup must run while no other backend sets up."""
+
+    name = "fake-slow-setup-tuner"
+    tunes_on_device = True
+
+
+@register
+class ImportFailsButInstalled(_Fake):
+    """Installed (find_spec says so) but its import fails: only an import check can tell."""
+
+    name = "fake-import-fails"
+
+    def available(self) -> str | None:
+        return "cannot import fake (simulated)"
+
+    def installed(self) -> str | None:
+        return None
+
+    def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:  # pragma: no cover - never reached
+        raise AssertionError("prepare() called after a failed import")

@@ -1,0 +1,127 @@
+"""Where the host's time goes in one forward call: the floor a small config cannot go below.
+
+On the H200 the harness measured qla at ~0.22 ms (cuda-events) on configs whose two kernels run for
+a few microseconds, while FlashInfer took 0.016 ms: the GPU waits for the host. This times each host
+step of chunk_gated_delta_rule_fwd on its own (argument checks, plan lookup, kernel lookup, launches)
+and runs cProfile over whole calls. A development tool: run it on the GPU host with
+`python -m qla_kernels.gdn.profile_host OUT.json`; its numbers go to NOTES.md, never into results.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from . import api
+from .checks import HEAD_DIM, check_fwd_args
+
+
+def _per_call_us(fn: Callable[[], object], calls: int) -> float:
+    """Host wall time per call, in microseconds, after a warm-up; the GPU is drained before and after
+    (the steps timed here launch little or nothing, so the host is what is measured)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return round(host / calls * 1e6, 2)
+
+
+def _inputs(h_qk: int, h_v: int, seqlens: list[int], dtype: torch.dtype = torch.bfloat16):
+    t = sum(seqlens)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(1, t, h_qk, HEAD_DIM, device="cuda", generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(1, t, h_qk, HEAD_DIM, device="cuda", generator=gen), dim=-1)
+    v = torch.randn(1, t, h_v, HEAD_DIM, device="cuda", generator=gen)
+    g = -torch.rand(1, t, h_v, device="cuda", generator=gen) * 0.1
+    beta = torch.rand(1, t, h_v, device="cuda", generator=gen)
+    h0 = torch.randn(len(seqlens), h_v, HEAD_DIM, HEAD_DIM, device="cuda", generator=gen) * 0.1
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int64, device="cuda")
+    return q.to(dtype), k.to(dtype), v.to(dtype), g, beta, h0, cu
+
+
+def host_breakdown(h_qk: int, h_v: int, seqlens: list[int], calls: int = 300) -> dict:
+    """Microseconds per call of each host step of the forward, and of the whole call."""
+    q, k, v, g, beta, h0, cu = _inputs(h_qk, h_v, seqlens)
+    plan = api._plan(q, cu)
+    impl = api.resolve_kkt_impl(None)
+    scale = HEAD_DIM**-0.5
+    dt = api._TL_DTYPE[q.dtype]
+    nsm = api._num_sms(q.device)
+    fname, bv = api.choose_fused(plan.num_seqs, h_v, nsm)
+    packed = [api.pack_tokens(x) for x in (q, k, v, g, beta)]
+    qf, kf, vf, gf, bf = packed
+    g_cumsum, a0 = api._launch_kkt(impl, kf, gf, bf, plan)
+    o = torch.empty_like(vf)
+    ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
+    kkt = api._kkt_kernel(impl, dt)
+    fused = api._fused_kernel(fname, scale, dt, True, False, bv)
+
+    steps: dict[str, Callable[[], object]] = {
+        "whole call (chunk_gated_delta_rule_fwd)": lambda: api.chunk_gated_delta_rule_fwd(
+            q, k, v, g, beta, initial_state=h0, cu_seqlens=cu
+        ),
+        "check_fwd_args": lambda: check_fwd_args(q, k, v, g, beta, h0, cu, False),
+        "plan lookup": lambda: api._plan(q, cu),
+        "pack_tokens x5": lambda: [api.pack_tokens(x) for x in (q, k, v, g, beta)],
+        "kkt kernel lookup": lambda: api._kkt_kernel(impl, dt),
+        "fused kernel lookup": lambda: api._fused_kernel(fname, scale, dt, True, False, bv),
+        "output allocations (4 torch.empty)": lambda: (
+            torch.empty_like(gf),
+            torch.empty(*gf.shape, 64, dtype=kf.dtype, device=kf.device),
+            torch.empty_like(vf),
+            torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda"),
+        ),
+        "kkt launch (compiled kernel call)": lambda: kkt(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0),
+        "fused launch (compiled kernel call)": lambda: fused(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht),
+        "empty torch op (x.add_(0)), for scale": lambda: o.add_(0),
+    }
+    out = {name: _per_call_us(fn, calls) for name, fn in steps.items()}
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        api.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
+    end.record()
+    torch.cuda.synchronize()
+    out["back-to-back calls, cuda-events per call"] = round(start.elapsed_time(end) / calls * 1e3, 2)
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        api.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    return {
+        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "fused": fname, "block_v": bv, "kkt": impl},
+        "us_per_call": out,
+        "cprofile_tottime_top30": text.getvalue(),
+    }
+
+
+def main(argv: list[str]) -> None:
+    path = argv[0] if argv else "host_overhead.json"
+    results = [host_breakdown(h_qk, h_v, s) for h_qk, h_v, s in ((16, 64, [65]), (2, 8, [1024] * 8))]
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    for r in results:
+        print(r["config"])
+        for name, us in r["us_per_call"].items():
+            print(f"  {us:9.2f} us  {name}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
