@@ -25,7 +25,7 @@ from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v
 # default until tests/gpu/test_qla_bwd_dstate.py passes on the H200). $QLA_BWD_DSTATE overrides it.
 DSTATE_REVS = ("rev1", "rev2")
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
-DEFAULT_DSTATE_REV = "rev1"
+DEFAULT_DSTATE_REV = "rev2"
 
 
 def resolve_dstate_rev() -> str:

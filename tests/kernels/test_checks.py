@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from qla_kernels.gdn.checks import check_cu_seqlens_values, check_fwd_args
+from qla_kernels.gdn.checks import _fwd_args_ok, check_cu_seqlens_values, check_fwd_args
 
 
 def _args(b=1, t=10, h_qk=2, h_v=4, d=128, dtype=torch.bfloat16):
@@ -40,6 +40,31 @@ def test_valid_shapes_pass():
 def test_bad_tensors(mutate, needle):
     with pytest.raises(ValueError, match=needle):
         check_fwd_args(*mutate(_args()))
+    assert _fwd_args_ok(*mutate(_args()), None, None) is None  # the fast path lets none of them through
+
+
+def test_fast_path_agrees_with_the_detailed_checks():
+    a = _args()
+    cu = torch.tensor([0, 3, 10])
+    good = [(a, None, None), (a, torch.randn(2, 4, 128, 128), cu), (_args(b=3), torch.randn(3, 4, 128, 128), None)]
+    for args, h0, c in good:
+        assert _fwd_args_ok(*args, h0, c) == check_fwd_args(*args, h0, c)
+    bad = [
+        (a, None, torch.tensor([0.0, 10.0])),
+        (_args(b=2), None, torch.tensor([0, 10])),
+        (a, None, torch.tensor([0])),
+        (a, None, torch.tensor([[0, 10]])),
+        (a, torch.randn(2, 4, 128, 128), None),
+        (a, torch.randn(1, 4, 128, 128).bfloat16(), None),
+        (a, torch.randn(1, 4, 128, 64), None),
+        (_args(h_qk=3, h_v=4), None, None),
+        ((a[0], a[1], a[2], a[3], a[4].reshape(1, 10, 4, 1)), None, None),
+        ((a[0], a[1], a[2], a[3], "beta"), None, None),
+    ]
+    for args, h0, c in bad:
+        assert _fwd_args_ok(*args, h0, c) is None
+        with pytest.raises(ValueError):
+            check_fwd_args(*args, h0, c)
 
 
 def test_head_ratio_must_divide():

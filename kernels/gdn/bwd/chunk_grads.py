@@ -25,15 +25,26 @@ import tilelang.language as T
 from ..fwd.fused_fwd import CHUNK, LOG2E, PASS_CONFIGS
 from .tl_common import build_helpers
 
+# Profile build (profile=True): thread 0 of every CTA stamps clock64 after a barrier at these points,
+# into prof [num_chunks * H_v, len(PROFILE_STAMPS)] int64; consecutive differences are the phases.
+PROFILE_STAMPS = (
+    "start", "tiles loaded", "S, dS' loaded", "W, Vn, P", "dVn, x", "dW, row sums", "dP, dAg, gates",
+    "A0 path, dbeta", "dq", "dk", "dg",
+)  # fmt: skip
 
-def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads: int = 256, cpu_debug: bool = False):
+
+def bwd_chunk_grads_program(
+    dk: int, dv: int, scale: float, dtype: str, threads: int = 256, cpu_debug: bool = False, profile: bool = False
+):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
 
     states[c] is the state at the start of global chunk c ([num_chunks,H_v,K,V] in the input dtype, as the
     forward's store_states mode writes it), ds_next[c] the gradient of the state after it (fp32);
-    chunk_indices rows are (sequence, chunk within the sequence).
+    chunk_indices rows are (sequence, chunk within the sequence). profile=True adds a last argument,
+    prof (PROFILE_STAMPS); a measuring build, never what the backward runs.
     """
+    assert not (profile and cpu_debug)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -61,24 +72,17 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
         """Gamma_ij = exp(g_i - g_j) on i >= j, else 0 (recomputed: a [C, C] fp32 copy does not fit)."""
         return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
 
-    @T.prim_func
-    def bwd_chunk_grads(
-        q: T.Tensor((1, nt, h_qk, dk), dtype),
-        k: T.Tensor((1, nt, h_qk, dk), dtype),
-        v: T.Tensor((1, nt, h_v, dv), dtype),
-        g_cumsum: T.Tensor((1, nt, h_v), acc),
-        beta: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, C), dtype),
-        grad_o: T.Tensor((1, nt, h_v, dv), dtype),
-        states: T.Tensor((nc, h_v, dk, dv), dtype),
-        ds_next: T.Tensor((nc, h_v, dk, dv), acc),
-        cu_seqlens: T.Tensor((ns,), "int32"),
-        chunk_indices: T.Tensor((nc, 2), "int32"),
-        dq_v: T.Tensor((1, nt, h_v, dk), acc),
-        dk_v: T.Tensor((1, nt, h_v, dk), acc),
-        dbeta: T.Tensor((1, nt, h_v), acc),
-        dg: T.Tensor((1, nt, h_v), acc),
-    ):
+    @T.macro
+    def stamp(prof, bid, point):
+        """Profile builds: every thread reaches this point, then thread 0 reads the clock."""
+        if profile:
+            T.sync_threads()
+            if T.get_thread_binding() == 0:
+                prof[bid, point] = T.call_extern("int64", "clock64")
+
+    @T.macro
+    def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
+             prof):  # fmt: skip
         with T.Kernel(nc * h_v, threads=threads) as (bid,):
             bh = bid % h_v
             bc = bid // h_v
@@ -129,6 +133,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             red_c2c = alloc_acc((C,))
             red_k = alloc_acc((dk,))
 
+            stamp(prof, bid, 0)
             # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
             for i, j in T.Parallel(C, dk):
                 q_sh[i, j] = T.if_then_else(t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
@@ -148,6 +153,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             for i in T.Parallel(C):
                 d_sh[i] = T.exp2(g_sh[i] * LOG2E)
                 dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+            stamp(prof, bid, 1)
             # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
             for i, j in T.Parallel(dk, dv):
                 s_sh[i, j] = states[bc, bh, i, j]
@@ -155,6 +161,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
                 sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
             reduce_sum(sds, sds_rows, red_k, 1)
 
+            stamp(prof, bid, 2)
             # W = V - D (K S), Vn = Ag W
             mm(k_sh, s_sh, cv)  # K S
             for i, j in T.Parallel(C, dv):
@@ -168,6 +175,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             mm(q_sh, k_sh, cc, transpose_b=True)  # Q K^T
             for i, j in T.Parallel(C, C):
                 p_sh[i, j] = T.cast(scale * gamma(g_sh, i, j) * cc[i, j], dtype)
+            stamp(prof, bid, 3)
             # dVn = P^T dO + D_r (K dS'); x_i = D_r,i sum_v (K dS')_iv Vn_iv
             mm(k_sh, ds_sh, cv)  # K dS'
             for i, j in T.Parallel(C, dv):
@@ -179,6 +187,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             mm(p_sh, do_sh, cv, transpose_a=True, clear=False)
             for i, j in T.Parallel(C, dv):
                 dvn_sh[i, j] = T.cast(cv[i, j], dtype)
+            stamp(prof, bid, 4)
             # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
             mm(ag_sh, dvn_sh, cv, transpose_a=True)
             for i, j in T.Parallel(C, dv):
@@ -193,6 +202,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
                 cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
             reduce_sum(cv, row_a, red_cv, 1)
 
+            stamp(prof, bid, 5)
             # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
             mm(do_sh, vn_sh, cc2, transpose_b=True)
             for i, j in T.Parallel(C, C):
@@ -215,6 +225,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             for i in T.Parallel(C):
                 dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
 
+            stamp(prof, bid, 6)
             # A0 path: dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL
             mm(a_sh, da0_sh, cc, transpose_a=True)
             for i, j in T.Parallel(C, C):
@@ -230,6 +241,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
                 if t0 + i < end:
                     dbeta[0, t0 + i, bh] = col_a[i] + row_a[i]
 
+            stamp(prof, bid, 7)
             # dq = scale D (dO S^T) + dQK K
             mm(do_sh, s_sh, ck, transpose_b=True)
             for i, j in T.Parallel(C, dk):
@@ -238,6 +250,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             for i, j in T.Parallel(C, dk):
                 if t0 + i < end:
                     dq_v[0, t0 + i, bh, j] = ck[i, j]
+            stamp(prof, bid, 8)
             # dk = dQK^T Q - (D dW) S^T + D_r (Vn dS'^T) + dKKt K + dKKt^T K
             mm(dqk_sh, q_sh, ck, transpose_a=True)
             mm(vnr_sh, ds_sh, ck, transpose_b=True, clear=False)
@@ -250,6 +263,7 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
                 if t0 + i < end:
                     dk_v[0, t0 + i, bh, j] = ck[i, j]
 
+            stamp(prof, bid, 9)
             # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
             # each row sums dgamma = sum_j x_j + exp(gamma) <S, dS'> itself (x_j = 0 past the end)
             n_valid = T.min(end - t0, C)
@@ -262,6 +276,54 @@ def bwd_chunk_grads_program(dk: int, dv: int, scale: float, dtype: str, threads:
             for i in T.Parallel(C):
                 if t0 + i < end:
                     dg[0, t0 + i, bh] = row_a[i]
+            stamp(prof, bid, 10)
+
+    if profile:
+
+        @T.prim_func
+        def bwd_chunk_grads_profile(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+            states: T.Tensor((nc, h_v, dk, dv), dtype),
+            ds_next: T.Tensor((nc, h_v, dk, dv), acc),
+            cu_seqlens: T.Tensor((ns,), "int32"),
+            chunk_indices: T.Tensor((nc, 2), "int32"),
+            dq_v: T.Tensor((1, nt, h_v, dk), acc),
+            dk_v: T.Tensor((1, nt, h_v, dk), acc),
+            dbeta: T.Tensor((1, nt, h_v), acc),
+            dg: T.Tensor((1, nt, h_v), acc),
+            prof: T.Tensor((nc * h_v, len(PROFILE_STAMPS)), "int64"),
+        ):
+            body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta,
+                 dg, prof)  # fmt: skip
+
+        return bwd_chunk_grads_profile
+
+    @T.prim_func
+    def bwd_chunk_grads(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+        states: T.Tensor((nc, h_v, dk, dv), dtype),
+        ds_next: T.Tensor((nc, h_v, dk, dv), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_indices: T.Tensor((nc, 2), "int32"),
+        dq_v: T.Tensor((1, nt, h_v, dk), acc),
+        dk_v: T.Tensor((1, nt, h_v, dk), acc),
+        dbeta: T.Tensor((1, nt, h_v), acc),
+        dg: T.Tensor((1, nt, h_v), acc),
+    ):
+        body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
+             None)  # fmt: skip
 
     return bwd_chunk_grads
 
