@@ -35,6 +35,21 @@ def resolve_dstate_rev() -> str:
     return name
 
 
+# Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (checked on the H200;
+# the profile build put 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a
+# sequence's end zeroed in shared memory. $QLA_BWD_GRADS overrides the default.
+GRADS_REVS = ("rev1", "rev2")
+GRADS_REV_ENV = "QLA_BWD_GRADS"
+DEFAULT_GRADS_REV = "rev2"
+
+
+def resolve_grads_rev() -> str:
+    name = os.environ.get(GRADS_REV_ENV, "").strip() or DEFAULT_GRADS_REV
+    if name not in GRADS_REVS:
+        raise ValueError(f"${GRADS_REV_ENV} must be one of {list(GRADS_REVS)}, got {name!r}")
+    return name
+
+
 class DStateOutput(NamedTuple):
     """ds_next [num_chunks,H_v,K,V] fp32: the gradient of the state after each chunk, chunks of all
     sequences in order; dv [B,T,H_v,V] fp32; dh0 [N,H_v,K,V] fp32."""
@@ -137,7 +152,8 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
     dk = torch.empty_like(dq)
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
-    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype])
+    tile_loads = resolve_grads_rev() == "rev2"
+    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], 256, False, False, tile_loads)
     kernel(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
     return dq, dk, dbeta, dg
 

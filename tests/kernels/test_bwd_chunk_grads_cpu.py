@@ -35,10 +35,10 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def kernel():
+@pytest.fixture(scope="module", params=[False, True], ids=["rev1-element-loads", "rev2-tile-loads"])
+def kernel(request):
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    program = bwd_chunk_grads_program(D, D, SCALE, "float32", cpu_debug=True)
+    program = bwd_chunk_grads_program(D, D, SCALE, "float32", cpu_debug=True, tile_loads=request.param)
     return tilelang.compile(program, target="c", pass_configs=cfg)
 
 

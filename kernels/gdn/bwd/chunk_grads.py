@@ -34,7 +34,14 @@ PROFILE_STAMPS = (
 
 
 def bwd_chunk_grads_program(
-    dk: int, dv: int, scale: float, dtype: str, threads: int = 256, cpu_debug: bool = False, profile: bool = False
+    dk: int,
+    dv: int,
+    scale: float,
+    dtype: str,
+    threads: int = 256,
+    cpu_debug: bool = False,
+    profile: bool = False,
+    tile_loads: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -43,6 +50,12 @@ def bwd_chunk_grads_program(
     forward's store_states mode writes it), ds_next[c] the gradient of the state after it (fp32);
     chunk_indices rows are (sequence, chunk within the sequence). profile=True adds a last argument,
     prof (PROFILE_STAMPS); a measuring build, never what the backward runs.
+
+    tile_loads=False (rev 1, checked on the H200): every tile is loaded element by element with the row
+    mask in the load; the profile build showed those loads as 41 % of a CTA (44 K of 108 K cycles at
+    16/32 x 8192). tile_loads=True (rev 2): whole-tile copies (TMA on the GPU) of q, k, v, dO, A0, S and
+    dS', then the rows past the sequence's end (another sequence's tokens) zeroed in shared memory,
+    only in a sequence's last chunk.
     """
     assert not (profile and cpu_debug)
     C = CHUNK
@@ -135,18 +148,38 @@ def bwd_chunk_grads_program(
 
             stamp(prof, bid, 0)
             # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
-            for i, j in T.Parallel(C, dk):
-                q_sh[i, j] = T.if_then_else(t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
-                k_sh[i, j] = T.if_then_else(t0 + i < end, k[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
-            for i, j in T.Parallel(C, dv):
-                v_sh[i, j] = T.if_then_else(t0 + i < end, v[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
-                do_sh[i, j] = T.if_then_else(t0 + i < end, grad_o[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
-            for i, j in T.Parallel(C, C):
-                a_sh[i, j] = T.if_then_else(
-                    i >= j,
-                    T.if_then_else(t0 + i < end, a0[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)),
-                    T.cast(0, dtype),
-                )
+            if tile_loads:
+                T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
+                T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
+                T.copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh)
+                T.copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh)
+                T.copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh)
+                if end - t0 < C:  # the sequence's last chunk: the rows after its end are not its own
+                    for i, j in T.Parallel(C, dk):
+                        if t0 + i >= end:
+                            q_sh[i, j] = T.cast(0, dtype)
+                            k_sh[i, j] = T.cast(0, dtype)
+                    for i, j in T.Parallel(C, dv):
+                        if t0 + i >= end:
+                            v_sh[i, j] = T.cast(0, dtype)
+                            do_sh[i, j] = T.cast(0, dtype)
+                for i, j in T.Parallel(C, C):
+                    a_sh[i, j] = T.if_then_else(i >= j and t0 + i < end, a_sh[i, j], T.cast(0, dtype))
+            else:
+                for i, j in T.Parallel(C, dk):
+                    q_sh[i, j] = T.if_then_else(t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
+                    k_sh[i, j] = T.if_then_else(t0 + i < end, k[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
+                for i, j in T.Parallel(C, dv):
+                    v_sh[i, j] = T.if_then_else(t0 + i < end, v[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
+                    do_sh[i, j] = T.if_then_else(
+                        t0 + i < end, grad_o[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)
+                    )
+                for i, j in T.Parallel(C, C):
+                    a_sh[i, j] = T.if_then_else(
+                        i >= j,
+                        T.if_then_else(t0 + i < end, a0[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)),
+                        T.cast(0, dtype),
+                    )
             for i in T.Parallel(C):
                 g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                 b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
@@ -155,10 +188,17 @@ def bwd_chunk_grads_program(
                 dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
             stamp(prof, bid, 1)
             # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
-            for i, j in T.Parallel(dk, dv):
-                s_sh[i, j] = states[bc, bh, i, j]
-                ds_sh[i, j] = T.cast(ds_next[bc, bh, i, j], dtype)
-                sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
+            if tile_loads:
+                T.copy(states[bc, bh, 0:dk, 0:dv], s_sh)
+                T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)
+                for i, j in T.Parallel(dk, dv):
+                    ds_sh[i, j] = T.cast(sds[i, j], dtype)
+                    sds[i, j] = sds[i, j] * T.cast(s_sh[i, j], acc)
+            else:
+                for i, j in T.Parallel(dk, dv):
+                    s_sh[i, j] = states[bc, bh, i, j]
+                    ds_sh[i, j] = T.cast(ds_next[bc, bh, i, j], dtype)
+                    sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
             reduce_sum(sds, sds_rows, red_k, 1)
 
             stamp(prof, bid, 2)
