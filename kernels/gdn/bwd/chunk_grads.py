@@ -55,7 +55,7 @@ def bwd_chunk_grads_program(
     mask in the load; the profile build showed those loads as 41 % of a CTA (44 K of 108 K cycles at
     16/32 x 8192). tile_loads=True (rev 2): whole-tile copies (TMA on the GPU) of q, k, v, dO, A0, S and
     dS', then the rows past the sequence's end (another sequence's tokens) zeroed in shared memory,
-    only in a sequence's last chunk.
+    only in a sequence's last chunk; the CTA's indices computed once into registers.
     """
     assert not (profile and cpu_debug)
     C = CHUNK
@@ -97,12 +97,23 @@ def bwd_chunk_grads_program(
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof):  # fmt: skip
         with T.Kernel(nc * h_v, threads=threads) as (bid,):
-            bh = bid % h_v
-            bc = bid // h_v
-            bhg = bh // (h_v // h_qk)
-            seq = chunk_indices[bc, 0]
-            t0 = cu_seqlens[seq] + chunk_indices[bc, 1] * C
-            end = cu_seqlens[seq + 1]
+            if tile_loads:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
+                # every address instead, they cost 64-bit divisions per load
+                bh = T.alloc_var("int32", init=bid % h_v)
+                bc = T.alloc_var("int32", init=bid // h_v)
+                bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
+                seq = T.alloc_var("int32", init=chunk_indices[bid // h_v, 0])
+                t0 = T.alloc_var(
+                    "int32", init=cu_seqlens[chunk_indices[bid // h_v, 0]] + chunk_indices[bid // h_v, 1] * C
+                )
+                end = T.alloc_var("int32", init=cu_seqlens[chunk_indices[bid // h_v, 0] + 1])
+            else:
+                bh = bid % h_v
+                bc = bid // h_v
+                bhg = bh // (h_v // h_qk)
+                seq = chunk_indices[bc, 0]
+                t0 = cu_seqlens[seq] + chunk_indices[bc, 1] * C
+                end = cu_seqlens[seq + 1]
 
             q_sh = alloc_sh((C, dk), dtype)
             k_sh = alloc_sh((C, dk), dtype)
