@@ -51,11 +51,10 @@ def variants() -> list[tuple[str, str, tuple]]:
             for rev2 in (False, True) if bv <= 64 else (False,):  # bwd_api runs rev1 at 128 (rev2 spills)
                 out.append((f"bwd dstate chain {'rev2' if rev2 else 'rev1'} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, rev2)))  # fmt: skip
-    for tile_loads in (False, True):
+    for rev, tile_loads, hoist in (("rev1", False, False), ("rev2", True, False), ("rev3", True, True)):
         for prof in (False, True):
-            out.append((f"bwd chunk grads {'rev2' if tile_loads else 'rev1'}{' profile' if prof else ''}",
-                        "bwd_chunk_grads_kernel",
-                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", 256, False, prof, tile_loads)))  # fmt: skip
+            out.append((f"bwd chunk grads {rev}{' profile' if prof else ''}", "bwd_chunk_grads_kernel",
+                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", 256, False, prof, tile_loads, hoist)))  # fmt: skip
     for use_h0 in (True, False):  # bwd_api.chunk_states: the v2 forward storing every chunk's start state
         out.append((f"v2 state store bv32 h0={use_h0}", "fused_fwd_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, 32, 256, 2, True)))  # fmt: skip

@@ -35,10 +35,11 @@ def resolve_dstate_rev() -> str:
     return name
 
 
-# Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (checked on the H200;
-# the profile build put 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a
-# sequence's end zeroed in shared memory. $QLA_BWD_GRADS overrides the default.
-GRADS_REVS = ("rev1", "rev2")
+# Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (the profile build put
+# 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a sequence's end zeroed in shared
+# memory (both checked on the H200; rev2 0.86-0.89x rev1's time), "rev3" rev2 with the CTA's indices
+# hoisted into registers (CPU-checked only, so not the default). $QLA_BWD_GRADS overrides the default.
+GRADS_REVS = ("rev1", "rev2", "rev3")
 GRADS_REV_ENV = "QLA_BWD_GRADS"
 DEFAULT_GRADS_REV = "rev2"
 
@@ -152,8 +153,11 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
     dk = torch.empty_like(dq)
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
-    tile_loads = resolve_grads_rev() == "rev2"
-    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], 256, False, False, tile_loads)
+    rev = resolve_grads_rev()
+    tile_loads, hoist = rev in ("rev2", "rev3"), rev == "rev3"
+    kernel = bwd_chunk_grads_kernel(
+        HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], 256, False, False, tile_loads, hoist
+    )
     kernel(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
     return dq, dk, dbeta, dg
 

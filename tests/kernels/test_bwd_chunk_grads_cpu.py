@@ -35,10 +35,17 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["rev1-element-loads", "rev2-tile-loads"])
+@pytest.fixture(
+    scope="module",
+    params=[(False, False), (True, False), (True, True)],
+    ids=["rev1-element-loads", "rev2-tile-loads", "rev3-hoisted-indices"],
+)
 def kernel(request):
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    program = bwd_chunk_grads_program(D, D, SCALE, "float32", cpu_debug=True, tile_loads=request.param)
+    tile_loads, hoist = request.param
+    program = bwd_chunk_grads_program(
+        D, D, SCALE, "float32", cpu_debug=True, tile_loads=tile_loads, hoist_index=hoist
+    )
     return tilelang.compile(program, target="c", pass_configs=cfg)
 
 

@@ -42,6 +42,7 @@ def bwd_chunk_grads_program(
     cpu_debug: bool = False,
     profile: bool = False,
     tile_loads: bool = False,
+    hoist_index: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -55,7 +56,8 @@ def bwd_chunk_grads_program(
     mask in the load; the profile build showed those loads as 41 % of a CTA (44 K of 108 K cycles at
     16/32 x 8192). tile_loads=True (rev 2): whole-tile copies (TMA on the GPU) of q, k, v, dO, A0, S and
     dS', then the rows past the sequence's end (another sequence's tokens) zeroed in shared memory,
-    only in a sequence's last chunk; the CTA's indices computed once into registers.
+    only in a sequence's last chunk. hoist_index=True (rev 3, with tile_loads; CPU-checked only) computes
+    the CTA's indices once into registers.
     """
     assert not (profile and cpu_debug)
     C = CHUNK
@@ -97,7 +99,7 @@ def bwd_chunk_grads_program(
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof):  # fmt: skip
         with T.Kernel(nc * h_v, threads=threads) as (bid,):
-            if tile_loads:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
+            if hoist_index:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
                 # every address instead, they cost 64-bit divisions per load
                 bh = T.alloc_var("int32", init=bid % h_v)
                 bc = T.alloc_var("int32", init=bid // h_v)
