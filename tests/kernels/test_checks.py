@@ -152,9 +152,21 @@ def test_bwd_dstate_revision_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_dstate_rev
 
     monkeypatch.delenv("QLA_BWD_DSTATE", raising=False)
-    assert resolve_dstate_rev() == "rev1"  # rev2 is not the default before it has passed on the H200
-    monkeypatch.setenv("QLA_BWD_DSTATE", "rev2")
-    assert resolve_dstate_rev() == "rev2"
+    assert resolve_dstate_rev() == "rev2"  # the default since it passed on the H200 (session 5)
+    monkeypatch.setenv("QLA_BWD_DSTATE", "rev1")
+    assert resolve_dstate_rev() == "rev1"
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev3")
     with pytest.raises(ValueError, match=r"QLA_BWD_DSTATE must be one of \['rev1', 'rev2'\]"):
         resolve_dstate_rev()
+
+
+def test_bwd_grads_revision_from_the_environment(monkeypatch):
+    from qla_kernels.gdn.bwd_api import resolve_grads_rev
+
+    monkeypatch.delenv("QLA_BWD_GRADS", raising=False)
+    assert resolve_grads_rev() == "rev2"  # rev3 is not the default before it has passed on the H200
+    monkeypatch.setenv("QLA_BWD_GRADS", "rev3")
+    assert resolve_grads_rev() == "rev3"
+    monkeypatch.setenv("QLA_BWD_GRADS", "rev4")
+    with pytest.raises(ValueError, match=r"QLA_BWD_GRADS must be one of \['rev1', 'rev2', 'rev3'\]"):
+        resolve_grads_rev()

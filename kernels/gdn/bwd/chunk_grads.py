@@ -57,9 +57,11 @@ def bwd_chunk_grads_program(
     16/32 x 8192). tile_loads=True (rev 2): whole-tile copies (TMA on the GPU) of q, k, v, dO, A0, S and
     dS', then the rows past the sequence's end (another sequence's tokens) zeroed in shared memory,
     only in a sequence's last chunk. hoist_index=True (rev 3, with tile_loads; CPU-checked only) computes
-    the CTA's indices once into registers.
+    the CTA's indices once into registers and shortens the dg tail (the 7.8 K-cycle phase) to one
+    64-step sum per row.
     """
     assert not (profile and cpu_debug)
+    assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -320,12 +322,20 @@ def bwd_chunk_grads_program(
             # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
             # each row sums dgamma = sum_j x_j + exp(gamma) <S, dS'> itself (x_j = 0 past the end)
             n_valid = T.min(end - t0, C)
-            for i in T.Parallel(C):
-                row_a[i] = 0.0
-                for j in T.serial(C):
-                    row_a[i] = row_a[i] + x_sh[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
-                for j in T.serial(dk):
-                    row_a[i] = row_a[i] + d_sh[C - 1] * sds_rows[j]
+            if hoist_index:  # rev 3: the terms every row sums folded into C values first (64 steps, not 192)
+                for j in T.Parallel(C):
+                    row_c[j] = x_sh[j] + d_sh[C - 1] * (sds_rows[j] + sds_rows[j + C])
+                for i in T.Parallel(C):
+                    row_a[i] = 0.0
+                    for j in T.serial(C):
+                        row_a[i] = row_a[i] + row_c[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
+            else:
+                for i in T.Parallel(C):
+                    row_a[i] = 0.0
+                    for j in T.serial(C):
+                        row_a[i] = row_a[i] + x_sh[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
+                    for j in T.serial(dk):
+                        row_a[i] = row_a[i] + d_sh[C - 1] * sds_rows[j]
             for i in T.Parallel(C):
                 if t0 + i < end:
                     dg[0, t0 + i, bh] = row_a[i]
