@@ -10,45 +10,38 @@ what gdn/autograd.py uses until this has passed on the H200 ($QLA_BWD_IMPL=tilel
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 
-from .api import _TL_DTYPE, _dummy_state, _plan, pack_tokens
+from .api import _TL_DTYPE, _dummy_state, _plan, _resolve, pack_tokens
 from .bwd_chunked import BwdOutput
 from .checks import HEAD_DIM, check_fwd_args
 from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v
 
-# Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads (checked on the H200); "rev2"
-# whole-tile loads in a software pipeline (the forward v2's recipe; checked on the CPU only, so not the
-# default until tests/gpu/test_qla_bwd_dstate.py passes on the H200). $QLA_BWD_DSTATE overrides it.
+# Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
+# software pipeline (the forward v2's recipe), 2.4-2.7x rev1's speed. Both checked on the H200 (session 5).
+# $QLA_BWD_DSTATE overrides the default.
 DSTATE_REVS = ("rev1", "rev2")
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
 DEFAULT_DSTATE_REV = "rev2"
 
-
-def resolve_dstate_rev() -> str:
-    name = os.environ.get(DSTATE_REV_ENV, "").strip() or DEFAULT_DSTATE_REV
-    if name not in DSTATE_REVS:
-        raise ValueError(f"${DSTATE_REV_ENV} must be one of {list(DSTATE_REVS)}, got {name!r}")
-    return name
-
-
 # Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (the profile build put
 # 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a sequence's end zeroed in shared
 # memory (both checked on the H200; rev2 0.86-0.89x rev1's time), "rev3" rev2 with the CTA's indices
-# hoisted into registers (CPU-checked only, so not the default). $QLA_BWD_GRADS overrides the default.
+# hoisted into registers and a shorter dg tail (CPU-checked only, so not the default). $QLA_BWD_GRADS
+# overrides the default.
 GRADS_REVS = ("rev1", "rev2", "rev3")
 GRADS_REV_ENV = "QLA_BWD_GRADS"
 DEFAULT_GRADS_REV = "rev2"
 
 
+def resolve_dstate_rev() -> str:
+    return _resolve(None, "", DSTATE_REV_ENV, DEFAULT_DSTATE_REV, DSTATE_REVS)
+
+
 def resolve_grads_rev() -> str:
-    name = os.environ.get(GRADS_REV_ENV, "").strip() or DEFAULT_GRADS_REV
-    if name not in GRADS_REVS:
-        raise ValueError(f"${GRADS_REV_ENV} must be one of {list(GRADS_REVS)}, got {name!r}")
-    return name
+    return _resolve(None, "", GRADS_REV_ENV, DEFAULT_GRADS_REV, GRADS_REVS)
 
 
 class DStateOutput(NamedTuple):

@@ -192,7 +192,8 @@ def execute(
         t_sweep = time.perf_counter()
         rows = run_sweep(the_sweep, opts, out_path, cb, resume=resume)
         cb.finish()
-        phases["first config (workers start)"] = cb.first_point_s
+        if cb.first_point_s:  # 0 when resume left nothing to measure
+            phases["first config (workers start)"] = cb.first_point_s
         phases["sweep"] = time.perf_counter() - t_sweep
     t_report = time.perf_counter()
     print_summary(rows, mode)

@@ -14,6 +14,16 @@ from qla_bench.backends.base import Backend, GDNInputs, Prepared
 from qla_bench.backends.torch_chunked import chunk_gdn_fp32
 
 
+def _right_answer(inputs: GDNInputs) -> Prepared:
+    """What a correct forward backend prepares: the fp32 chunked PyTorch path."""
+    x = inputs
+
+    def run():
+        return chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
+
+    return Prepared(run=run, outputs=lambda r: {"o": r[0], "final_state": r[1]}, graph_safe=False)
+
+
 class _Fake(Backend):
     modes = ("fwd",)
 
@@ -126,12 +136,7 @@ class _SlowImport(_Fake):
         return None
 
     def prepare(self, inputs: GDNInputs, mode: str) -> Prepared:
-        x = inputs
-
-        def run():
-            return chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
-
-        return Prepared(run=run, outputs=lambda r: {"o": r[0], "final_state": r[1]}, graph_safe=False)
+        return _right_answer(inputs)
 
 
 @register
@@ -169,12 +174,7 @@ class _SlowSetup(_Fake):
         if stamp_dir:
             with open(os.path.join(stamp_dir, f"{self.name}.setup"), "w") as f:
                 f.write(f"{began!r} {time.time()!r}")
-        x = inputs
-
-        def run():
-            return chunk_gdn_fp32(x.q, x.k, x.v, x.g, x.beta, x.scale, x.h0, x.cu_seqlens)
-
-        return Prepared(run=run, outputs=lambda r: {"o": r[0], "final_state": r[1]}, graph_safe=False)
+        return _right_answer(inputs)
 
 
 @register
