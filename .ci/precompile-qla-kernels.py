@@ -26,6 +26,7 @@ SCALE = HEAD_DIM**-0.5
 def variants() -> list[tuple[str, str, tuple]]:
     """(label, factory, args) for what the forward and backward APIs and the GPU tests launch in bf16."""
     from qla_kernels.gdn.api import KKT_IMPLS
+    from qla_kernels.gdn.bwd_api import GRADS_FLAGS
 
     out: list[tuple[str, str, tuple]] = []
     for dt in ("bfloat16", "float16"):
@@ -39,6 +40,10 @@ def variants() -> list[tuple[str, str, tuple]]:
     for bv in (128, 64, 32):
         out.append((f"ws rev5 state pass bv{bv}", "fused_fwd_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, False, bv, False, 5, True)))  # fmt: skip
+    for bv in (128, 64, 32):
+        for use_h0 in (True, False):  # bwd_api.chunk_states with $QLA_BWD_STATES=ws5
+            out.append((f"ws rev5 state store bv{bv} h0={use_h0}", "fused_fwd_ws_kernel",
+                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, 5, False, True)))  # fmt: skip
     for rev in (4, 5):
         out.append((f"ws rev{rev} profile bv128", "fused_fwd_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, 128, True, rev)))  # fmt: skip
@@ -51,10 +56,17 @@ def variants() -> list[tuple[str, str, tuple]]:
             for rev2 in (False, True) if bv <= 64 else (False,):  # bwd_api runs rev1 at 128 (rev2 spills)
                 out.append((f"bwd dstate chain {'rev2' if rev2 else 'rev1'} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, rev2)))  # fmt: skip
-    for rev, tile_loads, hoist in (("rev1", False, False), ("rev2", True, False), ("rev3", True, True)):
+    for rev, (threads, *flags) in GRADS_FLAGS.items():
         for prof in (False, True):
             out.append((f"bwd chunk grads {rev}{' profile' if prof else ''}", "bwd_chunk_grads_kernel",
-                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", 256, False, prof, tile_loads, hoist)))  # fmt: skip
+                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, prof, *flags)))  # fmt: skip
+    # the GPU tests' one fp16 case (gva2_many_short_fp16: h0, V-slice 32) through the newer backward kernels
+    out.append(("fp16 ws rev5 state store bv32 h0=True", "fused_fwd_ws_kernel",
+                (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, False, 32, False, 5, False, True)))  # fmt: skip
+    for rev in ("rev4", "rev5"):
+        threads, *flags = GRADS_FLAGS[rev]
+        out.append((f"fp16 bwd chunk grads {rev}", "bwd_chunk_grads_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags)))  # fmt: skip
     for use_h0 in (True, False):  # bwd_api.chunk_states: the v2 forward storing every chunk's start state
         out.append((f"v2 state store bv32 h0={use_h0}", "fused_fwd_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, 32, 256, 2, True)))  # fmt: skip

@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import torch
 
-from .api import _TL_DTYPE, _dummy_state, _plan, _resolve, pack_tokens
+from .api import _TL_DTYPE, _dummy_state, _num_sms, _plan, _resolve, launcher, pack_tokens
 from .bwd_chunked import BwdOutput
 from .checks import HEAD_DIM, check_fwd_args
-from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v
+from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_block_v_ws
 
 # Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
 # software pipeline (the forward v2's recipe), 2.4-2.7x rev1's speed. Both checked on the H200 (session 5).
@@ -29,11 +29,33 @@ DEFAULT_DSTATE_REV = "rev2"
 # Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (the profile build put
 # 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a sequence's end zeroed in shared
 # memory (both checked on the H200; rev2 0.86-0.89x rev1's time), "rev3" rev2 with the CTA's indices
-# hoisted into registers and a shorter dg tail (CPU-checked only, so not the default). $QLA_BWD_GRADS
-# overrides the default.
-GRADS_REVS = ("rev1", "rev2", "rev3")
+# hoisted into registers and a shorter dg tail (CPU-checked only, so not the default), "rev4" rev3 with
+# the tiles and S brought in by TMA (GPU only: TileLang's C backend has no TMA, so its CPU check is rev3's),
+# "rev5" rev4 at 512 threads (one CTA per SM either way: twice the warps for its element-wise passes and
+# reductions). $QLA_BWD_GRADS overrides the default.
+GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads) of bwd_chunk_grads_program
+    "rev1": (256, False, False, False),
+    "rev2": (256, True, False, False),
+    "rev3": (256, True, True, False),
+    "rev4": (256, True, True, True),
+    "rev5": (512, True, True, True),
+}
+GRADS_REVS = tuple(GRADS_FLAGS)
 GRADS_REV_ENV = "QLA_BWD_GRADS"
 DEFAULT_GRADS_REV = "rev2"
+
+
+# Stage 0 (chunk_states): "v2" the v2 fused forward storing each state by element stores at V-slice 32
+# (checked on the H200, 2.2 ms at 16/32 1x32768 where the ws5 forward takes 1.3), "ws5" the warp-specialised
+# rev 5 forward whose state warpgroup TMA-stores the bf16 state it publishes anyway, at the forward's
+# V-slice (not yet run on a GPU, so not the default). $QLA_BWD_STATES overrides the default.
+STATES_IMPLS = ("v2", "ws5")
+STATES_IMPL_ENV = "QLA_BWD_STATES"
+DEFAULT_STATES_IMPL = "v2"
+
+
+def resolve_states_impl() -> str:
+    return _resolve(None, "", STATES_IMPL_ENV, DEFAULT_STATES_IMPL, STATES_IMPLS)
 
 
 def resolve_dstate_rev() -> str:
@@ -131,8 +153,15 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float) -> t
     o = torch.empty_like(vf)
     ht = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     h0_ = h0.contiguous() if use_h0 else _dummy_state(h_v, qf.device)
-    # V-slice 32: at 64 the store's addressing pushes the v2 kernel past 128 registers (12-20 B spilled)
-    kernel = fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], use_h0, False, 32, store_states=True)
+    dt = _TL_DTYPE[qf.dtype]
+    if resolve_states_impl() == "ws5":
+        from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
+
+        bv = choose_block_v_ws(n, h_v, _num_sms(qf.device))  # the forward's slice width
+        kernel = launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, False, bv, False, 5, False, True))
+    else:
+        # V-slice 32: at 64 the store's addressing pushes the v2 kernel past 128 registers (12-20 B spilled)
+        kernel = fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, False, 32, store_states=True)
     kernel(qf, kf, vf, gf, bf, af, h0_, plan.cu_seqlens, o, ht, plan.chunk_offsets, states)
     return states
 
@@ -146,11 +175,8 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
     dk = torch.empty_like(dq)
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
-    rev = resolve_grads_rev()
-    tile_loads, hoist = rev in ("rev2", "rev3"), rev == "rev3"
-    kernel = bwd_chunk_grads_kernel(
-        HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], 256, False, False, tile_loads, hoist
-    )
+    threads, *flags = GRADS_FLAGS[resolve_grads_rev()]
+    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], threads, False, False, *flags)
     kernel(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
     return dq, dk, dbeta, dg
 

@@ -6,7 +6,7 @@ cycles of each phase over all CTAs and the mean CTA length, so the serial chain 
 runs ~one CTA per SM) can be split into loads, GEMM chains, reductions and the dg tail. A development
 tool: the stamps add a barrier each, so its numbers go to NOTES.md, never into results.
 
-    python -m qla_kernels.gdn.profile_bwd OUT.json
+    python -m qla_kernels.gdn.profile_bwd OUT.json [rev1,rev2,...: bwd_api.GRADS_FLAGS keys]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .api import _TL_DTYPE, _plan, chunk_gated_delta_rule_fwd, pack_tokens
 from .checks import HEAD_DIM
 
 
-def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, tile_loads: bool = False) -> dict:
+def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, rev: str = "rev1") -> dict:
     from .bwd.chunk_grads import PROFILE_STAMPS, bwd_chunk_grads_kernel
 
     t = sum(seqlens)
@@ -50,7 +50,8 @@ def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, 
     dg = torch.empty_like(dbeta)
     ctas = plan.num_chunks * h_v
     prof = torch.zeros(ctas, len(PROFILE_STAMPS), dtype=torch.int64, device="cuda")
-    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], 256, False, True, tile_loads)
+    threads, *flags = bwd_api.GRADS_FLAGS[rev]
+    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], threads, False, True, *flags)
     args = (qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg, prof)
     kernel(*args)  # first launch loads the module
     kernel(*args)
@@ -58,7 +59,7 @@ def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, 
     cycles = prof.double().diff(dim=1).mean(0)
     phases = {f"{PROFILE_STAMPS[i]} -> {PROFILE_STAMPS[i + 1]}": round(cycles[i].item(), 1) for i in range(len(cycles))}
     return {
-        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "ctas": ctas, "tile_loads": tile_loads},
+        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "ctas": ctas, "rev": rev},
         "mean_cycles_per_phase": phases,
         "mean_cta_cycles": round(cycles.sum().item(), 1),
         "clock_note": "clock64 cycles of thread 0 after a barrier; SM clock ~1.98 GHz on the H200 under load",
@@ -67,7 +68,8 @@ def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, 
 
 def main(argv: list[str]) -> None:
     path = argv[0] if argv else "bwd_stage2_phases.json"
-    results = [profile_chunk_grads(16, 32, [8192], tile_loads=t) for t in (False, True)]
+    revs = argv[1].split(",") if len(argv) > 1 else list(bwd_api.GRADS_FLAGS)
+    results = [profile_chunk_grads(16, 32, [8192], rev=r) for r in revs]
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     for r in results:

@@ -113,6 +113,7 @@ class QlaBackend(Backend):
         flags["qla_kkt"] = api.resolve_kkt_impl()
         flags["qla_cp"] = "on" if api.resolve_cp() else "off"
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
+        flags["qla_bwd_states"] = bwd_api.resolve_states_impl()
         flags["qla_bwd_grads"] = bwd_api.resolve_grads_rev()
         return flags
 

@@ -49,6 +49,28 @@ def test_autograd_matches_float64(name, impl, monkeypatch):
 
 
 
+@pytest.mark.parametrize("name", [n for n in CASES if CASES[n][5] == torch.bfloat16])  # the precompiled dtype
+def test_chunk_states_ws5_matches_v2(name, monkeypatch):
+    """Stage 0's ws5 state store against the v2 one (checked on the H200 since session 3): both store the
+    bf16 state each chunk's GEMMs used, so they agree to bf16 rounding of two fp32 accumulation orders;
+    every chunk of every sequence is compared, so a wrong chunk offset or V-slice fails."""
+    from qla_kernels.gdn import bwd_api
+    from qla_kernels.gdn.api import _plan, chunk_gated_delta_rule_fwd, pack_tokens
+
+    q, k, v, g, beta, s0, cu = case_inputs(name)
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    plan = _plan(q, cu)
+    qf, kf, vf, af = (pack_tokens(x) for x in (q, k, v, fwd.a0))
+    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
+    got = {}
+    for impl in bwd_api.STATES_IMPLS:
+        monkeypatch.setenv(bwd_api.STATES_IMPL_ENV, impl)
+        got[impl] = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, 128**-0.5).float()
+    per_chunk = [rel_l2(got["ws5"][c], got["v2"][c]) for c in range(plan.num_chunks)]
+    print(f"\n[states ws5 vs v2] {name}: chunks={plan.num_chunks} worst={max(per_chunk):.2e}")
+    assert max(per_chunk) <= 5e-3, max(per_chunk)
+
+
 BWD_TIMING = [(2, 8, "1x32768"), (16, 32, "1x32768"), (16, 32, "8192x4"), (16, 64, "1024x8")]
 
 
@@ -87,10 +109,14 @@ def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix}
     for name, fn in calls.items():
         row[name] = statistics.median(time_cuda_events(fn, 20, flusher).samples_ms)
-    for rev in ("rev1", "rev2", "rev3"):  # each stage's revisions side by side (stage 1 has no rev3)
+    for impl in bwd_api.STATES_IMPLS:  # stage 0's implementations side by side
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(bwd_api.STATES_IMPL_ENV, impl)
+            row[f"stage0_{impl}"] = statistics.median(time_cuda_events(calls["stage0_states"], 20, flusher).samples_ms)
+    for rev in bwd_api.GRADS_REVS:  # each stage's revisions side by side (stage 1 has rev1 and rev2)
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("QLA_BWD_GRADS", rev)
-            if rev != "rev3":
+            if rev in ("rev1", "rev2"):
                 mp.setenv("QLA_BWD_DSTATE", rev)
                 row[f"stage1_{rev}"] = statistics.median(
                     time_cuda_events(calls["stage1_dstate"], 20, flusher).samples_ms

@@ -167,6 +167,18 @@ def test_bwd_grads_revision_from_the_environment(monkeypatch):
     assert resolve_grads_rev() == "rev2"  # rev3 is not the default before it has passed on the H200
     monkeypatch.setenv("QLA_BWD_GRADS", "rev3")
     assert resolve_grads_rev() == "rev3"
-    monkeypatch.setenv("QLA_BWD_GRADS", "rev4")
-    with pytest.raises(ValueError, match=r"QLA_BWD_GRADS must be one of \['rev1', 'rev2', 'rev3'\]"):
+    monkeypatch.setenv("QLA_BWD_GRADS", "rev6")
+    with pytest.raises(ValueError, match=r"QLA_BWD_GRADS must be one of \['rev1', 'rev2', 'rev3', 'rev4', 'rev5'\]"):
         resolve_grads_rev()
+
+
+def test_bwd_states_impl_from_the_environment(monkeypatch):
+    from qla_kernels.gdn.bwd_api import resolve_states_impl
+
+    monkeypatch.delenv("QLA_BWD_STATES", raising=False)
+    assert resolve_states_impl() == "v2"  # ws5's state store is not the default before it has passed on the H200
+    monkeypatch.setenv("QLA_BWD_STATES", "ws5")
+    assert resolve_states_impl() == "ws5"
+    monkeypatch.setenv("QLA_BWD_STATES", "ws4")
+    with pytest.raises(ValueError, match=r"QLA_BWD_STATES must be one of \['v2', 'ws5'\]"):
+        resolve_states_impl()

@@ -109,11 +109,31 @@ def test_bwd_dstate_chain_compiles(block_v, use_dht):
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
 
-def test_bwd_chunk_grads_compiles():
+@pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5"])
+def test_bwd_chunk_grads_compiles(rev):
     from qla_kernels.gdn.bwd.chunk_grads import PASS_CONFIGS, bwd_chunk_grads_program
+    from qla_kernels.gdn.bwd_api import GRADS_FLAGS
 
-    rep = build_sm90a(bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16"), PASS_CONFIGS)
+    threads, *flags = GRADS_FLAGS[rev]
+    prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, False, *flags)
+    rep = build_sm90a(prog, PASS_CONFIGS)
     print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert f"__launch_bounds__({threads}, 1)" in rep.source
+    if flags[2]:  # rev 4+: six bulk copies (S and the 128-wide tiles in 64-column boxes) on two mbarriers
+        assert rep.source.count("tl::tma_load(") >= 6 and "expect_transaction" in rep.source
+
+
+@pytest.mark.parametrize(("use_h0", "block_v"), [(True, 128), (False, 32)])
+def test_fused_fwd_ws5_state_store_compiles(use_h0, block_v):
+    # bwd_api.chunk_states with $QLA_BWD_STATES=ws5: WG0 TMA-stores the bf16 state of every chunk
+    from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
+
+    prog = fused_fwd_ws_program(128, 128, 128**-0.5, "bfloat16", use_h0, False, block_v, False, 5, False, True)
+    rep = build_sm90a(prog, PASS_CONFIGS)
+    print(rep.line())
+    assert "tl::tma_store(states_desc" in rep.source and "tma_store_wait" in rep.source
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 

@@ -43,6 +43,7 @@ def bwd_chunk_grads_program(
     profile: bool = False,
     tile_loads: bool = False,
     hoist_index: bool = False,
+    tma_loads: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -58,9 +59,13 @@ def bwd_chunk_grads_program(
     dS', then the rows past the sequence's end (another sequence's tokens) zeroed in shared memory,
     only in a sequence's last chunk. hoist_index=True (rev 3, with tile_loads; CPU-checked only) computes
     the CTA's indices once into registers and shortens the dg tail (the 7.8 K-cycle phase) to one
-    64-step sum per row.
+    64-step sum per row. tma_loads=True (rev 4, GPU only) is rev 3 with the tiles and S brought in by TMA:
+    one warp issues all six bulk copies at the start (k, S, v, A0 on one mbarrier, q and dO on another)
+    while every thread loads g, beta and dS'; rev 3's vector loads are issued one round trip after
+    another, which the profile put at 32 K of a 95 K-cycle CTA.
     """
     assert not (profile and cpu_debug)
+    assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -164,11 +169,32 @@ def bwd_chunk_grads_program(
             stamp(prof, bid, 0)
             # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
             if tile_loads:
-                T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
-                T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
-                T.copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh)
-                T.copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh)
-                T.copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh)
+                if tma_loads:
+                    loaded = T.alloc_barrier(arrive_count=[32, 32])
+                    if T.get_thread_binding() < 32:
+                        T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=loaded[0])
+                        T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=loaded[0])
+                        T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=loaded[0])
+                        T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=loaded[0])
+                        T.barrier_arrive(loaded[0])
+                        T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[1])
+                        T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
+                        T.barrier_arrive(loaded[1])
+                    T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)  # global -> registers while the bulk copies fly
+                    for i in T.Parallel(C):
+                        g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                        b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
+                    for i in T.Parallel(C):
+                        d_sh[i] = T.exp2(g_sh[i] * LOG2E)
+                        dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+                    T.barrier_wait(loaded[0], 0)
+                    T.barrier_wait(loaded[1], 0)
+                else:
+                    T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
+                    T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
+                    T.copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh)
+                    T.copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh)
+                    T.copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh)
                 if end - t0 < C:  # the sequence's last chunk: the rows after its end are not its own
                     for i, j in T.Parallel(C, dk):
                         if t0 + i >= end:
@@ -195,17 +221,19 @@ def bwd_chunk_grads_program(
                         T.if_then_else(t0 + i < end, a0[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)),
                         T.cast(0, dtype),
                     )
-            for i in T.Parallel(C):
-                g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
-                b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
-            for i in T.Parallel(C):
-                d_sh[i] = T.exp2(g_sh[i] * LOG2E)
-                dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+            if not tma_loads:  # rev 4 loads these while its bulk copies fly (the same lines, above)
+                for i in T.Parallel(C):
+                    g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                    b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
+                for i in T.Parallel(C):
+                    d_sh[i] = T.exp2(g_sh[i] * LOG2E)
+                    dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
             stamp(prof, bid, 1)
             # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
             if tile_loads:
-                T.copy(states[bc, bh, 0:dk, 0:dv], s_sh)
-                T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)
+                if not tma_loads:  # rev 4 has both already
+                    T.copy(states[bc, bh, 0:dk, 0:dv], s_sh)
+                    T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)
                 for i, j in T.Parallel(dk, dv):
                     ds_sh[i, j] = T.cast(sds[i, j], dtype)
                     sds[i, j] = sds[i, j] * T.cast(s_sh[i, j], acc)

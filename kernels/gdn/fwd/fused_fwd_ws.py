@@ -83,6 +83,7 @@ def fused_fwd_ws_program(
     profile: bool = False,
     rev: int = 4,
     state_pass: bool = False,
+    store_states: bool = False,
 ):
     """TileLang program, same signature and outputs as fused_fwd.fused_fwd_program.
 
@@ -102,6 +103,11 @@ def fused_fwd_ws_program(
     with V = 0, which gives the piece's transition M (S_end = M S_start + h). Signature:
     (q, k, v, g_cumsum, beta, a0, cu_seqlens, hm) with hm [pieces, H_v, K, 2V] fp32 = [h | M].
 
+    store_states=True (rev 5; the backward's stage 0, bwd_api.chunk_states) also takes chunk_offsets [N+1]
+    int32 and states [num_chunks, H_v, K, V] in the input dtype: WG0 stores the bf16 copy of S it publishes
+    for the chunk's GEMMs by one TMA store per chunk (the operand, as FLA keeps h), waited for before it
+    overwrites s_sh with the next chunk's.
+
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
@@ -110,6 +116,7 @@ def fused_fwd_ws_program(
     v5 = rev >= 5
     assert dv % block_v == 0 and block_v in (32, 64, 128)
     assert not state_pass or (v5 and not profile and not state_v_first and dk == dv)
+    assert not store_states or (v5 and not profile and not state_pass and not state_v_first)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -117,6 +124,7 @@ def fused_fwd_ws_program(
     nt = T.dynamic("num_tokens")
     ns = T.dynamic("num_seqs")
     nh0 = T.dynamic("num_h0")
+    nc = T.dynamic("num_chunks")
     acc = "float32"
     st_shape = (ns, h_v, dv, dk) if state_v_first else (ns, h_v, dk, dv)
     h0_shape = (nh0, h_v, dv, dk) if state_v_first else (nh0, h_v, dk, dv)
@@ -130,7 +138,7 @@ def fused_fwd_ws_program(
             clk[0] = now
 
     @T.macro
-    def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof):
+    def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof, chunk_offsets, states):
         with T.Kernel(ns * h_v * nv, threads=4 * WG) as (bid,):
             if v5:
                 seq = T.alloc_var("int32", init=bid // (h_v * nv))
@@ -207,10 +215,16 @@ def fused_fwd_ws_program(
                         clk[0] = T.call_extern("int64", "clock64")
                     if c > 0:
                         T.barrier_wait(qs_done, (c + 1) % 2)
+                        if store_states:  # the last chunk's store has read s_sh
+                            T.tma_store_wait()
+                            T.sync_threads(3, WG)
                     tick(clk, spent, 0)
                     T.copy(s, s_sh)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
+                    if store_states:
+                        T.sync_threads(3, WG)  # every WG0 thread's s_sh writes are in and fenced
+                        T.tma_copy(s_sh, states[chunk_offsets[seq] + c, bh, 0:dk, v0 : v0 + block_v])
                     tick(clk, spent, 1)
                     T.barrier_wait(full[st], (c // 2) % 2)
                     tick(clk, spent, 2)
@@ -224,6 +238,8 @@ def fused_fwd_ws_program(
                     tick(clk, spent, 5)
                     T.barrier_arrive(empty[st])
                     tick(clk, spent, 6)
+                if store_states:
+                    T.tma_store_wait(0, False)  # every state store has landed before the CTA exits
                 for i, j in T.Parallel(dk, block_v):
                     if state_v_first:
                         ht[seq, bh, v0 + j, i] = s[i, j]
@@ -436,7 +452,7 @@ def fused_fwd_ws_program(
             cu_seqlens: T.Tensor((ns + 1,), "int32"),
             hm: T.Tensor((ns, h_v, dk, 2 * dv), acc),
         ):
-            kernel_body(q, k, v, g_cumsum, beta, a0, None, cu_seqlens, None, hm, None)
+            kernel_body(q, k, v, g_cumsum, beta, a0, None, cu_seqlens, None, hm, None, None, None)
 
         return cp_state_pass
 
@@ -456,9 +472,30 @@ def fused_fwd_ws_program(
             ht: T.Tensor(st_shape, acc),
             prof: T.Tensor((ns * h_v * nv, 3, NUM_PHASES), "int64"),
         ):
-            kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof)
+            kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof, None, None)
 
         return fused_fwd_ws_profile
+
+    if store_states:
+
+        @T.prim_func
+        def fused_fwd_ws_states(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            h0: T.Tensor(h0_shape, acc),
+            cu_seqlens: T.Tensor((ns + 1,), "int32"),
+            o: T.Tensor((1, nt, h_v, dv), dtype),
+            ht: T.Tensor(st_shape, acc),
+            chunk_offsets: T.Tensor((ns + 1,), "int32"),
+            states: T.Tensor((nc, h_v, dk, dv), dtype),
+        ):
+            kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None, chunk_offsets, states)
+
+        return fused_fwd_ws_states
 
     @T.prim_func
     def fused_fwd_ws(
@@ -473,7 +510,7 @@ def fused_fwd_ws_program(
         o: T.Tensor((1, nt, h_v, dv), dtype),
         ht: T.Tensor(st_shape, acc),
     ):
-        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None)
+        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None, None, None)
 
     return fused_fwd_ws
 
