@@ -56,6 +56,13 @@ def variants() -> list[tuple[str, str, tuple]]:
             for rev2 in (False, True) if bv <= 64 else (False,):  # bwd_api runs rev1 at 128 (rev2 spills)
                 out.append((f"bwd dstate chain {'rev2' if rev2 else 'rev1'} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, rev2)))  # fmt: skip
+    for bv in (64, 32):  # stage 1 rev3 (bwd_api runs it at 32 and 64) and its parallel part
+        for use_dht in (True, False):
+            out.append((f"bwd dstate chain rev3 bv{bv} dht={use_dht}", "bwd_dstate_kernel",
+                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True)))  # fmt: skip
+    out.append(("bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
+    out.append(("bwd chunk grads rev4 store dv", "bwd_chunk_grads_kernel",
+                (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", 256, False, False, True, True, True, True)))  # fmt: skip
     for rev, (threads, *flags) in GRADS_FLAGS.items():
         for prof in (False, True):
             out.append((f"bwd chunk grads {rev}{' profile' if prof else ''}", "bwd_chunk_grads_kernel",
@@ -67,6 +74,11 @@ def variants() -> list[tuple[str, str, tuple]]:
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"fp16 bwd chunk grads {rev}", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags)))  # fmt: skip
+    out.append(("fp16 bwd chunk grads rev4 store dv", "bwd_chunk_grads_kernel",
+                (HEAD_DIM, HEAD_DIM, SCALE, "float16", 256, False, False, True, True, True, True)))  # fmt: skip
+    out.append(("fp16 bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "float16")))
+    out.append(("fp16 bwd dstate chain rev3 bv32 dht=True", "bwd_dstate_kernel",
+                (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, 32, 256, False, True, 2, True)))  # fmt: skip
     for use_h0 in (True, False):  # bwd_api.chunk_states: the v2 forward storing every chunk's start state
         out.append((f"v2 state store bv32 h0={use_h0}", "fused_fwd_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, 32, 256, 2, True)))  # fmt: skip
@@ -74,10 +86,10 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 
 def factory(name: str):
-    from qla_kernels.gdn.bwd import chunk_grads, dstate_chain
+    from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk
     from qla_kernels.gdn.fwd import fused_fwd, fused_fwd_ws, kkt_solve_v3
 
-    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd, dstate_chain, chunk_grads):
+    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd, dstate_chain, chunk_grads, dvl_wk):
         if hasattr(mod, name):
             return getattr(mod, name)
     raise KeyError(name)

@@ -21,18 +21,21 @@ from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_bloc
 
 # Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
 # software pipeline (the forward v2's recipe), 2.4-2.7x rev1's speed. Both checked on the H200 (session 5).
+# "rev3": dvl = P^T dO and Wk = Ag D K for every chunk in parallel first (bwd/dvl_wk.py), then a chain of
+# three GEMMs per step instead of six; dv then comes from stage 2 (CPU-checked only, so not the default).
 # $QLA_BWD_DSTATE overrides the default.
-DSTATE_REVS = ("rev1", "rev2")
+DSTATE_REVS = ("rev1", "rev2", "rev3")
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
 DEFAULT_DSTATE_REV = "rev2"
 
 # Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (the profile build put
 # 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a sequence's end zeroed in shared
 # memory (both checked on the H200; rev2 0.86-0.89x rev1's time), "rev3" rev2 with the CTA's indices
-# hoisted into registers and a shorter dg tail (CPU-checked only, so not the default), "rev4" rev3 with
-# the tiles and S brought in by TMA (GPU only: TileLang's C backend has no TMA, so its CPU check is rev3's),
-# "rev5" rev4 at 512 threads (one CTA per SM either way: twice the warps for its element-wise passes and
-# reductions). $QLA_BWD_GRADS overrides the default.
+# hoisted into registers and a shorter dg tail, "rev4" rev3 with the tiles and S brought in by TMA (GPU
+# only: TileLang's C backend has no TMA, so its CPU check is rev3's), "rev5" rev4 at 512 threads (one CTA
+# per SM either way: twice the warps for its element-wise passes and reductions). On the H200 (session 6)
+# all pass; at 16/32 1x32768 rev2 6.41 ms, rev3 3.58, rev4 3.16, rev5 3.20: rev4 is the default.
+# $QLA_BWD_GRADS overrides the default.
 GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads) of bwd_chunk_grads_program
     "rev1": (256, False, False, False),
     "rev2": (256, True, False, False),
@@ -42,16 +45,17 @@ GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads) of bw
 }
 GRADS_REVS = tuple(GRADS_FLAGS)
 GRADS_REV_ENV = "QLA_BWD_GRADS"
-DEFAULT_GRADS_REV = "rev2"
+DEFAULT_GRADS_REV = "rev4"
 
 
 # Stage 0 (chunk_states): "v2" the v2 fused forward storing each state by element stores at V-slice 32
-# (checked on the H200, 2.2 ms at 16/32 1x32768 where the ws5 forward takes 1.3), "ws5" the warp-specialised
-# rev 5 forward whose state warpgroup TMA-stores the bf16 state it publishes anyway, at the forward's
-# V-slice (not yet run on a GPU, so not the default). $QLA_BWD_STATES overrides the default.
+# (checked on the H200, 2.2 ms at 16/32 1x32768), "ws5" the warp-specialised rev 5 forward whose state
+# warpgroup TMA-stores the bf16 state it publishes anyway, at the forward's V-slice: on the H200 (session 6)
+# its states equal v2's bit for bit and it takes 0.86 ms there (0.25-0.43 ms on many sequences), so it is
+# the default. $QLA_BWD_STATES overrides the default.
 STATES_IMPLS = ("v2", "ws5")
 STATES_IMPL_ENV = "QLA_BWD_STATES"
-DEFAULT_STATES_IMPL = "v2"
+DEFAULT_STATES_IMPL = "ws5"
 
 
 def resolve_states_impl() -> str:
@@ -68,10 +72,11 @@ def resolve_grads_rev() -> str:
 
 class DStateOutput(NamedTuple):
     """ds_next [num_chunks,H_v,K,V] fp32: the gradient of the state after each chunk, chunks of all
-    sequences in order; dv [B,T,H_v,V] fp32; dh0 [N,H_v,K,V] fp32."""
+    sequences in order; dv [B,T,H_v,V] fp32 (None from rev3, whose chain no longer forms it: stage 2
+    writes it); dh0 [N,H_v,K,V] fp32."""
 
     ds_next: torch.Tensor
-    dv: torch.Tensor
+    dv: torch.Tensor | None
     dh0: torch.Tensor
 
 
@@ -101,7 +106,7 @@ def chunk_bwd_dstate(
     qf, kf, af, dof = (pack_tokens(x) for x in (q, k, A, do))
     gf, bf = (pack_tokens(x).float() for x in (g_cumsum, beta))
     out = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, block_v)
-    return out._replace(dv=out.dv.view(*do.shape))
+    return out if out.dv is None else out._replace(dv=out.dv.view(*do.shape))
 
 
 def _check_a0(A: torch.Tensor, q: torch.Tensor, h_v: int) -> None:
@@ -116,18 +121,33 @@ def _check_state(name: str, st: torch.Tensor | None, n: int, h_v: int) -> None:
 
 
 def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, block_v: int | None):
-    """Stage 1 on packed [1,T,...] inputs; dv comes back packed [1,T,H_v,V]."""
+    """Stage 1 on packed [1,T,...] inputs; dv comes back packed [1,T,H_v,V] (None from rev3)."""
     from .bwd.dstate_chain import bwd_dstate_kernel
 
     n, h_v = plan.num_seqs, dof.shape[2]
     bv = block_v or choose_block_v(n, h_v)
-    dv = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
     ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     dh0 = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     use_dht = dht is not None
     dht_ = dht.contiguous() if use_dht else _dummy_state(h_v, qf.device)
-    pipelined = resolve_dstate_rev() == "rev2" and bv <= 64  # rev2 spills at 128 (408 B): rev1 there
-    kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], use_dht, bv, 256, False, pipelined)
+    dt = _TL_DTYPE[qf.dtype]
+    rev = resolve_dstate_rev()
+    if bv > 64:  # rev2 spills at 128 (408 B) and rev3 needs 257 KiB of shared memory there: rev1
+        rev = "rev1"
+    if rev == "rev3":
+        from .bwd.dvl_wk import bwd_dvl_wk_kernel
+
+        dvl = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
+        wk = torch.empty(1, kf.shape[1], h_v, HEAD_DIM, dtype=kf.dtype, device=qf.device)
+        bwd_dvl_wk_kernel(HEAD_DIM, HEAD_DIM, scale, dt)(
+            qf, kf, gf, bf, af, dof, plan.cu_seqlens, plan.chunk_indices, dvl, wk
+        )
+        chain = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_dht, bv, 256, False, True, 2, True)
+        chain(qf, kf, gf, dof, dvl, wk, dht_, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
+        return DStateOutput(ds_next=ds_next, dv=None, dh0=dh0)
+    dv = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
+    pipelined = rev == "rev2"
+    kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_dht, bv, 256, False, pipelined)
     kernel(qf, kf, gf, bf, af, dof, dht_, plan.cu_seqlens, plan.chunk_offsets, dv, ds_next, dh0)
     return DStateOutput(ds_next=ds_next, dv=dv, dh0=dh0)
 
@@ -166,8 +186,9 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float) -> t
     return states
 
 
-def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPlan, scale: float):
-    """Stage 2 on packed inputs: (dq, dk per value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32)."""
+def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPlan, scale: float, dv=None):
+    """Stage 2 on packed inputs: (dq, dk per value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32). With dv
+    ([1,T,H_v,V] in the input dtype) it also writes dv there (stage 1 rev3 does not form it)."""
     from .bwd.chunk_grads import bwd_chunk_grads_kernel
 
     nt, h_v = vf.shape[1], vf.shape[2]
@@ -176,8 +197,12 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
     threads, *flags = GRADS_FLAGS[resolve_grads_rev()]
-    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], threads, False, False, *flags)
-    kernel(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
+    dt = _TL_DTYPE[qf.dtype]
+    args = (qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
+    if dv is not None:
+        bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags, True)(*args, dv)
+    else:
+        bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags)(*args)
     return dq, dk, dbeta, dg
 
 
@@ -212,7 +237,8 @@ def chunk_gated_delta_rule_bwd(
 
     states = chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale)
     stage1 = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, None)
-    dq_v, dk_v, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale)
+    dv = torch.empty_like(vf) if stage1.dv is None else None  # then stage 2 writes it, in v's dtype
+    dq_v, dk_v, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale, dv)
 
     r = h_v // h_qk
 
@@ -222,7 +248,7 @@ def chunk_gated_delta_rule_bwd(
     return BwdOutput(
         dq=group_sum(dq_v),
         dk=group_sum(dk_v),
-        dv=stage1.dv.view(v.shape).to(v.dtype),
+        dv=(stage1.dv if dv is None else dv).view(v.shape).to(v.dtype),
         dbeta=dbeta.view(b, t, h_v),
         dg=dg.view(b, t, h_v),
         dh0=stage1.dh0 if initial_state is not None else None,

@@ -113,10 +113,10 @@ def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(bwd_api.STATES_IMPL_ENV, impl)
             row[f"stage0_{impl}"] = statistics.median(time_cuda_events(calls["stage0_states"], 20, flusher).samples_ms)
-    for rev in bwd_api.GRADS_REVS:  # each stage's revisions side by side (stage 1 has rev1 and rev2)
+    for rev in bwd_api.GRADS_REVS:  # each stage's revisions side by side (stage 1 has rev1 to rev3)
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("QLA_BWD_GRADS", rev)
-            if rev in ("rev1", "rev2"):
+            if rev in bwd_api.DSTATE_REVS:  # rev3 includes its parallel part (bwd/dvl_wk.py)
                 mp.setenv("QLA_BWD_DSTATE", rev)
                 row[f"stage1_{rev}"] = statistics.median(
                     time_cuda_events(calls["stage1_dstate"], 20, flusher).samples_ms

@@ -1,6 +1,7 @@
 """Stage 1 of the TileLang backward on the H200 (gdn/bwd/dstate_chain.py): the reverse dS chain, dv and
 dh0, against the float64 chain of gdn/bwd_chunked.py on the forward suite's cases, fed the qla forward's
-own g_cumsum and A0. dS' and dh0 are fp32 outputs; dv is checked at issue 6's 0.01 as is dh0."""
+own g_cumsum and A0. dS' and dh0 are fp32 outputs; dv is checked at issue 6's 0.01 as is dh0 (rev3 leaves
+dv to stage 2: test_qla_bwd.py checks it there)."""
 
 import pytest
 import torch
@@ -19,7 +20,9 @@ from qla_kernels.gdn.bwd_chunked import dstate_chain  # noqa: E402
 TOL = 0.01
 
 
-@pytest.mark.parametrize(("rev", "block_v"), [("rev1", None), ("rev1", 128), ("rev2", None), ("rev2", 64)])
+@pytest.mark.parametrize(
+    ("rev", "block_v"), [("rev1", None), ("rev1", 128), ("rev2", None), ("rev2", 64), ("rev3", None), ("rev3", 64)]
+)
 @pytest.mark.parametrize("name", list(CASES))
 def test_dstate_chain_matches_float64(name, rev, block_v, monkeypatch):
     monkeypatch.setenv("QLA_BWD_DSTATE", rev)
@@ -41,9 +44,9 @@ def test_dstate_chain_matches_float64(name, rev, block_v, monkeypatch):
         packed(q), packed(k), packed(fwd.g_cumsum), packed(beta), packed(fwd.a0), packed(do), dht.cpu(),
         128**-0.5, cu_list,
     )  # fmt: skip
-    e_ds, e_dv, e_dh0 = rel_l2(out.ds_next, ref_ds), rel_l2(out.dv.reshape(b * t, h_v, 128), ref_dv), rel_l2(
-        out.dh0, ref_dh0
-    )
+    assert (out.dv is None) == (rev == "rev3")
+    e_ds, e_dh0 = rel_l2(out.ds_next, ref_ds), rel_l2(out.dh0, ref_dh0)
+    e_dv = 0.0 if out.dv is None else rel_l2(out.dv.reshape(b * t, h_v, 128), ref_dv)
     print(f"\n[bwd-dstate] {name} {rev} bv={block_v}: ds_next={e_ds:.2e} dv={e_dv:.2e} dh0={e_dh0:.2e}")
-    assert torch.isfinite(out.ds_next).all() and torch.isfinite(out.dv).all()
+    assert torch.isfinite(out.ds_next).all() and (out.dv is None or torch.isfinite(out.dv).all())
     assert e_ds <= TOL and e_dv <= TOL and e_dh0 <= TOL, (e_ds, e_dv, e_dh0)

@@ -88,3 +88,43 @@ def test_chain_matches_float64(kernels, case, pipelined):
         assert all(ds_next[int(o) - 1].abs().max() == 0 for o in offsets[1:])
     assert rel(ds_next, ref_ds) < 2e-5 and rel(dh0, ref_dh0) < 2e-5
     assert rel(dv[0], ref_dv) < 2e-5
+
+
+@pytest.fixture(scope="module")
+def rev3_kernels():
+    """Stage 1 rev 3: bwd/dvl_wk.py's parallel part, then the chain over its dvl and Wk."""
+    from qla_kernels.gdn.bwd.dvl_wk import bwd_dvl_wk_program
+
+    cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
+    pre = tilelang.compile(bwd_dvl_wk_program(D, D, SCALE, "float32", cpu_debug=True), target="c", pass_configs=cfg)
+    chains = {
+        (bv, dht): tilelang.compile(
+            bwd_dstate_program(
+                D, D, SCALE, "float32", dht, block_v=bv, cpu_debug=True, pipelined=True, precomputed=True
+            ),
+            target="c",
+            pass_configs=cfg,
+        )
+        for bv, dht in {(c[3], c[4]) for c in CASES}
+    }
+    return pre, chains
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}-bv{c[3]}-dht{int(c[4])}")
+def test_rev3_chain_over_precomputed_parts_matches_float64(rev3_kernels, case):
+    from qla_kernels.gdn.plan import build_plan_from_list
+
+    pre, chains = rev3_kernels
+    cu, h_qk, h_v, bv, use_dht = case
+    q, k, gc, beta, a0, do, dht = make(cu, h_qk, h_v, seed=len(cu) + h_v)
+    plan = build_plan_from_list(cu, "cpu")
+    nt = cu[-1]
+    # rows past a sequence's end are never written: the chain must not read them unmasked
+    dvl = torch.full((1, nt, h_v, D), 0.0)
+    wk = torch.full((1, nt, h_v, D), 0.0)
+    pre(q, k, gc, beta, a0, do, plan.cu_seqlens, plan.chunk_indices, dvl, wk)
+    ds_next = torch.full((plan.num_chunks, h_v, D, D), float("nan"))
+    dh0 = torch.full((len(cu) - 1, h_v, D, D), float("nan"))
+    chains[(bv, use_dht)](q, k, gc, do, dvl, wk, dht, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
+    ref_ds, _, ref_dh0 = dstate_chain(q, k, gc, beta, a0, do, dht if use_dht else None, SCALE, cu)
+    assert rel(ds_next, ref_ds) < 2e-5 and rel(dh0, ref_dh0) < 2e-5

@@ -19,7 +19,7 @@ if shutil.which("g++") is None:
 
 import tilelang
 
-from qla_kernels.gdn.bwd import chunk_grads, dstate_chain
+from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk
 from qla_kernels.gdn.bwd_chunked import _chunk, chunk_gated_delta_rule_bwd
 from qla_kernels.gdn.plan import build_plan_from_list
 
@@ -27,7 +27,10 @@ D = 128
 SCALE = D**-0.5
 
 
-def test_stages_compose_to_the_whole_backward():
+@pytest.mark.parametrize("dstate_rev", ["rev1", "rev3"])
+def test_stages_compose_to_the_whole_backward(dstate_rev):
+    """rev1: stage 1 writes dv. rev3: bwd/dvl_wk.py's parallel part, the chain over it, and stage 2
+    writing dv (store_dv), as bwd_api chains them with $QLA_BWD_DSTATE=rev3."""
     cu, h_qk, h_v = [0, 70, 71, 200], 2, 4
     nt, r = cu[-1], h_v // h_qk
     gen = torch.Generator().manual_seed(7)
@@ -59,18 +62,29 @@ def test_stages_compose_to_the_whole_backward():
     states = torch.stack(states).float()
 
     cfg = {**dstate_chain.PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    stage1 = tilelang.compile(dstate_chain.bwd_dstate_program(D, D, SCALE, "float32", True, 64, cpu_debug=True),
+    rev3 = dstate_rev == "rev3"
+    stage1 = tilelang.compile(dstate_chain.bwd_dstate_program(D, D, SCALE, "float32", True, 64, cpu_debug=True,
+                                                              pipelined=rev3, precomputed=rev3),
                               target="c", pass_configs=cfg)  # fmt: skip
-    stage2 = tilelang.compile(chunk_grads.bwd_chunk_grads_program(D, D, SCALE, "float32", cpu_debug=True),
+    stage2 = tilelang.compile(chunk_grads.bwd_chunk_grads_program(D, D, SCALE, "float32", cpu_debug=True,
+                                                                  store_dv=rev3),
                               target="c", pass_configs=cfg)  # fmt: skip
     plan = build_plan_from_list(cu, "cpu")
-    dv = torch.empty(1, nt, h_v, D)
+    dv = torch.full((1, nt, h_v, D), float("nan"))  # every row must be written, by stage 1 or by stage 2
     ds_next = torch.empty(plan.num_chunks, h_v, D, D)
     dh0 = torch.empty(len(cu) - 1, h_v, D, D)
-    stage1(q, k, gc, beta, a0, do, dht, plan.cu_seqlens, plan.chunk_offsets, dv, ds_next, dh0)
+    if rev3:
+        pre = tilelang.compile(dvl_wk.bwd_dvl_wk_program(D, D, SCALE, "float32", cpu_debug=True), target="c",
+                               pass_configs=cfg)  # fmt: skip
+        dvl, wk = torch.zeros(1, nt, h_v, D), torch.zeros(1, nt, h_v, D)
+        pre(q, k, gc, beta, a0, do, plan.cu_seqlens, plan.chunk_indices, dvl, wk)
+        stage1(q, k, gc, do, dvl, wk, dht, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
+    else:
+        stage1(q, k, gc, beta, a0, do, dht, plan.cu_seqlens, plan.chunk_offsets, dv, ds_next, dh0)
     dq_v, dk_v = torch.empty(1, nt, h_v, D), torch.empty(1, nt, h_v, D)
     dbeta, dg = torch.empty(1, nt, h_v), torch.empty(1, nt, h_v)
-    stage2(q, k, v, gc, beta, a0, do, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq_v, dk_v, dbeta, dg)
+    args = (q, k, v, gc, beta, a0, do, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq_v, dk_v, dbeta, dg)
+    stage2(*args, dv) if rev3 else stage2(*args)
 
     ref = chunk_gated_delta_rule_bwd(*(x.double() for x in (q, k, v, gc, beta, a0, do)), dht.double(), SCALE,
                                      h0.double(), torch.tensor(cu), compute_dtype=torch.float64)  # fmt: skip

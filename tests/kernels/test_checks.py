@@ -155,8 +155,8 @@ def test_bwd_dstate_revision_from_the_environment(monkeypatch):
     assert resolve_dstate_rev() == "rev2"  # the default since it passed on the H200 (session 5)
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev1")
     assert resolve_dstate_rev() == "rev1"
-    monkeypatch.setenv("QLA_BWD_DSTATE", "rev3")
-    with pytest.raises(ValueError, match=r"QLA_BWD_DSTATE must be one of \['rev1', 'rev2'\]"):
+    monkeypatch.setenv("QLA_BWD_DSTATE", "rev4")
+    with pytest.raises(ValueError, match=r"QLA_BWD_DSTATE must be one of \['rev1', 'rev2', 'rev3'\]"):
         resolve_dstate_rev()
 
 
@@ -164,7 +164,7 @@ def test_bwd_grads_revision_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_grads_rev
 
     monkeypatch.delenv("QLA_BWD_GRADS", raising=False)
-    assert resolve_grads_rev() == "rev2"  # rev3 is not the default before it has passed on the H200
+    assert resolve_grads_rev() == "rev4"  # the fastest revision that passed on the H200 (session 6)
     monkeypatch.setenv("QLA_BWD_GRADS", "rev3")
     assert resolve_grads_rev() == "rev3"
     monkeypatch.setenv("QLA_BWD_GRADS", "rev6")
@@ -176,9 +176,9 @@ def test_bwd_states_impl_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_states_impl
 
     monkeypatch.delenv("QLA_BWD_STATES", raising=False)
-    assert resolve_states_impl() == "v2"  # ws5's state store is not the default before it has passed on the H200
-    monkeypatch.setenv("QLA_BWD_STATES", "ws5")
-    assert resolve_states_impl() == "ws5"
+    assert resolve_states_impl() == "ws5"  # the default since it passed on the H200 (session 6)
+    monkeypatch.setenv("QLA_BWD_STATES", "v2")
+    assert resolve_states_impl() == "v2"
     monkeypatch.setenv("QLA_BWD_STATES", "ws4")
     with pytest.raises(ValueError, match=r"QLA_BWD_STATES must be one of \['v2', 'ws5'\]"):
         resolve_states_impl()

@@ -44,6 +44,7 @@ def bwd_chunk_grads_program(
     tile_loads: bool = False,
     hoist_index: bool = False,
     tma_loads: bool = False,
+    store_dv: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -63,9 +64,13 @@ def bwd_chunk_grads_program(
     one warp issues all six bulk copies at the start (k, S, v, A0 on one mbarrier, q and dO on another)
     while every thread loads g, beta and dS'; rev 3's vector loads are issued one round trip after
     another, which the profile put at 32 K of a 95 K-cycle CTA.
+
+    store_dv=True (with stage 1 rev 3, which no longer forms dW) also writes dv = dW = Ag^T dVn, in the
+    input dtype, to one more argument after dg: dv [1,T,H_v,V].
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
+    assert not (store_dv and profile)
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -104,7 +109,7 @@ def bwd_chunk_grads_program(
 
     @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
-             prof):  # fmt: skip
+             prof, dv_out):  # fmt: skip
         with T.Kernel(nc * h_v, threads=threads) as (bid,):
             if hoist_index:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
                 # every address instead, they cost 64-bit divisions per load
@@ -273,6 +278,10 @@ def bwd_chunk_grads_program(
             stamp(prof, bid, 4)
             # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
             mm(ag_sh, dvn_sh, cv, transpose_a=True)
+            if store_dv:  # dv of the chunk's tokens
+                for i, j in T.Parallel(C, dv):
+                    if t0 + i < end:
+                        dv_out[0, t0 + i, bh, j] = T.cast(cv[i, j], dtype)
             for i, j in T.Parallel(C, dv):
                 dwd_sh[i, j] = T.cast(d_sh[i] * cv[i, j], dtype)
             mm(k_sh, s_sh, cv)  # K S again (the accumulator was reused)
@@ -391,9 +400,35 @@ def bwd_chunk_grads_program(
             prof: T.Tensor((nc * h_v, len(PROFILE_STAMPS)), "int64"),
         ):
             body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta,
-                 dg, prof)  # fmt: skip
+                 dg, prof, None)  # fmt: skip
 
         return bwd_chunk_grads_profile
+
+    if store_dv:
+
+        @T.prim_func
+        def bwd_chunk_grads_dv(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+            states: T.Tensor((nc, h_v, dk, dv), dtype),
+            ds_next: T.Tensor((nc, h_v, dk, dv), acc),
+            cu_seqlens: T.Tensor((ns,), "int32"),
+            chunk_indices: T.Tensor((nc, 2), "int32"),
+            dq_v: T.Tensor((1, nt, h_v, dk), acc),
+            dk_v: T.Tensor((1, nt, h_v, dk), acc),
+            dbeta: T.Tensor((1, nt, h_v), acc),
+            dg: T.Tensor((1, nt, h_v), acc),
+            dv_out: T.Tensor((1, nt, h_v, dv), dtype),
+        ):
+            body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta,
+                 dg, None, dv_out)  # fmt: skip
+
+        return bwd_chunk_grads_dv
 
     @T.prim_func
     def bwd_chunk_grads(
@@ -414,7 +449,7 @@ def bwd_chunk_grads_program(
         dg: T.Tensor((1, nt, h_v), acc),
     ):
         body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
-             None)  # fmt: skip
+             None, None)  # fmt: skip
 
     return bwd_chunk_grads
 

@@ -37,6 +37,7 @@ def bwd_dstate_program(
     cpu_debug: bool = False,
     pipelined: bool = False,
     num_stages: int = 2,
+    precomputed: bool = False,
 ):
     """TileLang program: (q, k, g_cumsum, beta, A0, dO, dht, cu_seqlens, chunk_offsets) ->
     (dv [1,T,H_v,V] fp32, ds_next [num_chunks,H_v,K,V] fp32, dh0 [N,H_v,K,V] fp32). Varlen (B = 1).
@@ -50,7 +51,16 @@ def bwd_dstate_program(
     sequence's data: D is zeroed there and so are P's rows, which makes dVn's and dW's rows past the end
     exactly 0 (P^T dO sums valid rows only, D_r = 0 there, Ag is lower triangular), so nothing of them
     reaches dS.
+
+    precomputed=True (rev 3, pipelined) takes dvl = P^T dO and Wk = Ag D K from bwd/dvl_wk.py (computed for
+    all chunks in parallel) instead of A0 and beta, and leaves dv to stage 2; a step is then
+        dVn = dvl + D_r (K dS'),   dS = exp(gamma) dS' + Q^T (scale D dO) - Wk^T dVn
+    three GEMMs instead of six and no [C, C] gate work. Signature: (q, k, g_cumsum, dO, dvl, wk, dht,
+    cu_seqlens, chunk_offsets) -> (ds_next, dh0).
     """
+    assert not precomputed or pipelined
+    if precomputed:
+        return _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -215,6 +225,106 @@ def bwd_dstate_program(
                 dh0[seq, bh, i, v0 + j] = ds[i, j]
 
     return bwd_dstate
+
+
+def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages):
+    """Stage 1 rev 3 (see bwd_dstate_program): the chain over precomputed dvl and Wk."""
+    C = CHUNK
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nv = dv // block_v
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs")
+    nc = T.dynamic("num_chunks")
+    nht = T.dynamic("num_dht")
+    acc = "float32"
+    mm, alloc_sh, alloc_acc = build_helpers(cpu_debug)
+
+    @T.prim_func
+    def bwd_dstate_pre(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+        dvl: T.Tensor((1, nt, h_v, dv), acc),
+        wk: T.Tensor((1, nt, h_v, dk), dtype),
+        dht: T.Tensor((nht, h_v, dk, dv), acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        chunk_offsets: T.Tensor((ns + 1,), "int32"),
+        ds_next: T.Tensor((nc, h_v, dk, dv), acc),
+        dh0: T.Tensor((ns, h_v, dk, dv), acc),
+    ):
+        with T.Kernel(ns * h_v * nv, threads=threads) as (bid,):
+            seq = T.alloc_var("int32", init=bid // (h_v * nv))
+            bh = T.alloc_var("int32", init=(bid // nv) % h_v)
+            v0 = T.alloc_var("int32", init=(bid % nv) * block_v)
+            bhg = T.alloc_var("int32", init=((bid // nv) % h_v) // (h_v // h_qk))
+            start = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv)])
+            end = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv) + 1])
+            first_chunk = T.alloc_var("int32", init=chunk_offsets[bid // (h_v * nv)])
+            n_chunks = T.ceildiv(end - start, C)
+
+            q_sh = alloc_sh((C, dk), dtype)
+            k_sh = alloc_sh((C, dk), dtype)
+            wk_sh = alloc_sh((C, dk), dtype)
+            do_sh = alloc_sh((C, block_v), dtype)
+            dvl_sh = alloc_sh((C, block_v), acc)
+            g_sh = alloc_sh((C,), acc)
+            gl_sh = alloc_sh((C,), acc)
+            d_sh = alloc_sh((C,), acc)
+            dr_sh = alloc_sh((C,), acc)
+            ds_sh = alloc_sh((dk, block_v), dtype)
+            ndvn_sh = alloc_sh((C, block_v), dtype)  # -dVn
+            dod_sh = alloc_sh((C, block_v), dtype)  # scale D dO
+
+            ds = alloc_acc((dk, block_v))
+            kds = alloc_acc((C, block_v))
+
+            if use_dht:
+                for i, j in T.Parallel(dk, block_v):
+                    ds[i, j] = dht[seq, bh, i, v0 + j]
+            else:
+                for i, j in T.Parallel(dk, block_v):
+                    ds[i, j] = 0.0
+
+            for ci in T.Pipelined(n_chunks, num_stages=num_stages):
+                c = n_chunks - 1 - ci
+                t0 = start + c * C
+                T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
+                T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
+                T.copy(wk[0, t0 : t0 + C, bh, 0:dk], wk_sh)
+                T.copy(grad_o[0, t0 : t0 + C, bh, v0 : v0 + block_v], do_sh)
+                T.copy(dvl[0, t0 : t0 + C, bh, v0 : v0 + block_v], dvl_sh)
+                for i in T.Parallel(C):
+                    g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                # consumer-owned gate values at once (rev 2's lesson: the pipeline may hand the stage's
+                # buffers back before their last read); D and D_r are zero past the end
+                for i in T.Parallel(C):
+                    gl_sh[i] = g_sh[i]
+                    d_sh[i] = T.if_then_else(t0 + i < end, T.exp2(g_sh[i] * LOG2E), 0.0)
+                    dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+                # dS' of this chunk: the gradient of the state after it
+                for i, j in T.Parallel(dk, block_v):
+                    ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
+                    ds_sh[i, j] = T.cast(ds[i, j], dtype)
+                # dVn = dvl + D_r (K dS'), rows past the end zero (dvl there is another sequence's)
+                mm(k_sh, ds_sh, kds)
+                for i, j in T.Parallel(C, block_v):
+                    ndvn_sh[i, j] = T.cast(
+                        T.if_then_else(t0 + i < end, -dvl_sh[i, j] - dr_sh[i] * kds[i, j], 0.0), dtype
+                    )
+                    dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+                # dS = exp(gamma) dS' - Wk^T dVn + Q^T (scale D dO); q_sh read last (its stage is released
+                # after that read)
+                for i, j in T.Parallel(dk, block_v):
+                    ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
+                mm(wk_sh, ndvn_sh, ds, transpose_a=True, clear=False)
+                mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+
+            for i, j in T.Parallel(dk, block_v):
+                dh0[seq, bh, i, v0 + j] = ds[i, j]
+
+    return bwd_dstate_pre
 
 
 bwd_dstate_kernel = tilelang.jit(bwd_dstate_program, pass_configs=PASS_CONFIGS)
