@@ -22,11 +22,12 @@ from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_bloc
 # Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
 # software pipeline (the forward v2's recipe), 2.4-2.7x rev1's speed. Both checked on the H200 (session 5).
 # "rev3": dvl = P^T dO and Wk = Ag D K for every chunk in parallel first (bwd/dvl_wk.py), then a chain of
-# three GEMMs per step instead of six; dv then comes from stage 2 (CPU-checked only, so not the default).
+# three GEMMs per step instead of six; dv then comes from stage 2. On the H200 (session 6) it passes and
+# takes 1.56 ms at 2/8 1x32768 (rev2 2.83) and 2.08 at 16/32 1x32768 (rev2 2.66): the default.
 # $QLA_BWD_DSTATE overrides the default.
 DSTATE_REVS = ("rev1", "rev2", "rev3")
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
-DEFAULT_DSTATE_REV = "rev2"
+DEFAULT_DSTATE_REV = "rev3"
 
 # Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (the profile build put
 # 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a sequence's end zeroed in shared
@@ -242,8 +243,12 @@ def chunk_gated_delta_rule_bwd(
 
     r = h_v // h_qk
 
-    def group_sum(x: torch.Tensor) -> torch.Tensor:  # value heads -> their qk head, in fp32
-        return x.view(b, t, h_qk, r, HEAD_DIM).sum(3).to(q.dtype)
+    def group_sum(x: torch.Tensor) -> torch.Tensor:
+        """Value heads -> their qk head: summed in fp32, rounded once to q's dtype."""
+        grouped = x.view(b, t, h_qk, r, HEAD_DIM)
+        if r == 2:  # one pass: the add runs in fp32 and rounds on store (sum-then-cast is two passes)
+            return torch.add(grouped[:, :, :, 0], grouped[:, :, :, 1], out=q.new_empty(b, t, h_qk, HEAD_DIM))
+        return grouped.sum(3).to(q.dtype)
 
     return BwdOutput(
         dq=group_sum(dq_v),

@@ -12,8 +12,9 @@ from qla_kernels.gdn.checks import check_fwd_args
 D = 128
 
 
+@pytest.mark.parametrize("dv_from", ["stage1", "stage2"])  # stage 1 rev1/rev2 write dv; with rev3 stage 2 does
 @pytest.mark.parametrize(("b", "t", "h_qk", "h_v", "cu"), [(3, 70, 2, 4, None), (1, 200, 1, 3, [0, 70, 200])])
-def test_gradients_come_back_in_the_input_layout(monkeypatch, b, t, h_qk, h_v, cu):
+def test_gradients_come_back_in_the_input_layout(monkeypatch, b, t, h_qk, h_v, cu, dv_from):
     gen = torch.Generator().manual_seed(0)
     q, k = (torch.randn(b, t, h_qk, D, generator=gen).bfloat16() for _ in range(2))
     v, do = (torch.randn(b, t, h_v, D, generator=gen).bfloat16() for _ in range(2))
@@ -32,18 +33,26 @@ def test_gradients_come_back_in_the_input_layout(monkeypatch, b, t, h_qk, h_v, c
 
     monkeypatch.setattr(bwd_api, "_check_stage_inputs", checks_without_device)
     monkeypatch.setattr(bwd_api, "chunk_states", lambda *a: None)
+    stage1_dv = packed_dv if dv_from == "stage1" else None
     monkeypatch.setattr(
-        bwd_api, "_dstate_packed", lambda *a: bwd_api.DStateOutput(ds_next=None, dv=packed_dv, dh0=dh0)
+        bwd_api, "_dstate_packed", lambda *a: bwd_api.DStateOutput(ds_next=None, dv=stage1_dv, dh0=dh0)
     )
-    monkeypatch.setattr(
-        bwd_api, "chunk_bwd_grads", lambda *a: (packed_dq, packed_dk, packed_dbeta, packed_dg)
-    )
+
+    def stage2(*args):
+        dv = args[-1]
+        assert (dv is None) == (dv_from == "stage1")
+        if dv is not None:  # rev3: stage 2 writes dv, packed, in v's dtype
+            assert dv.shape == (1, b * t, h_v, D) and dv.dtype == v.dtype
+            dv.copy_(packed_dv)
+        return packed_dq, packed_dk, packed_dbeta, packed_dg
+
+    monkeypatch.setattr(bwd_api, "chunk_bwd_grads", stage2)
     out = bwd_api.chunk_gated_delta_rule_bwd(q, k, v, g, beta, a0, do, None, None, h0, cu_t)
 
     assert out.dq.shape == q.shape and out.dk.shape == k.shape and out.dv.shape == v.shape
     assert out.dbeta.shape == beta.shape and out.dg.shape == g.shape and out.dh0.shape == h0.shape
     r = h_v // h_qk
-    want_dq = packed_dq.view(b, t, h_qk, r, D).sum(3).bfloat16()
-    torch.testing.assert_close(out.dq, want_dq)
+    want_dq = packed_dq.view(b, t, h_qk, r, D).sum(3).bfloat16()  # summed in fp32, rounded once
+    assert torch.equal(out.dq, want_dq) and torch.equal(out.dk, packed_dk.view(b, t, h_qk, r, D).sum(3).bfloat16())
     torch.testing.assert_close(out.dv, packed_dv.view(b, t, h_v, D).bfloat16())
     torch.testing.assert_close(out.dg, packed_dg.view(b, t, h_v))

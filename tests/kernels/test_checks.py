@@ -152,7 +152,7 @@ def test_bwd_dstate_revision_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_dstate_rev
 
     monkeypatch.delenv("QLA_BWD_DSTATE", raising=False)
-    assert resolve_dstate_rev() == "rev2"  # the default since it passed on the H200 (session 5)
+    assert resolve_dstate_rev() == "rev3"  # the default since it passed on the H200 (session 6)
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev1")
     assert resolve_dstate_rev() == "rev1"
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev4")
