@@ -149,3 +149,74 @@ def test_time_bwd_stages():
             fh,
             indent=1,
         )
+
+
+
+BLOCK_V_TIMING = [(16, 32, "1x32768"), (16, 32, "16384x2"), (16, 32, "8192x4"), (8, 16, "16384x2"), (4, 8, "8192x4")]
+
+
+def _time_block_v_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
+    import itertools
+    import statistics
+
+    from gpu.test_qla_fwd import make_inputs
+
+    from qla_bench.timing import time_cuda_events
+    from qla_bench.workload import parse_seqlens
+    from qla_kernels.gdn import bwd_api
+    from qla_kernels.gdn.api import _TL_DTYPE, _plan, chunk_gated_delta_rule_fwd, pack_tokens
+    from qla_kernels.gdn.bwd.dvl_wk import bwd_dvl_wk_kernel
+    from qla_kernels.gdn.plan import choose_block_v
+
+    lens = parse_seqlens(mix)
+    t = sum(lens)
+    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=len(lens))
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    do = torch.randn_like(v)
+    scale = 128**-0.5
+    plan = _plan(q, cu)
+    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
+    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
+    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
+    ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    dvl = torch.empty(*dof.shape, dtype=torch.float32, device="cuda")
+    wk = torch.empty(1, t, h_v, 128, dtype=q.dtype, device="cuda")
+    pre = bwd_dvl_wk_kernel(128, 128, scale, _TL_DTYPE[q.dtype])
+    dv = torch.empty_like(vf)
+    calls = {
+        "dvl_wk": lambda: pre(qf, kf, gf, bf, af, dof, plan.cu_seqlens, plan.chunk_indices, dvl, wk),
+        "stage1_bv32": lambda: bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, 32),
+        "stage1_bv64": lambda: bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, 64),
+        "stage0_states": lambda: bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale),
+        "stage2_grads_dv": lambda: bwd_api.chunk_bwd_grads(
+            qf, kf, vf, gf, bf, af, dof, states, ds_next, plan, scale, dv
+        ),
+        "bwd_total": lambda: bwd_api.chunk_gated_delta_rule_bwd(
+            q, k, v, fwd.g_cumsum, beta, fwd.a0, do, None, scale, s0, cu
+        ),
+    }
+    row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix, "rule_block_v": choose_block_v(len(lens), h_v)}
+    for name, fn in calls.items():
+        row[name] = statistics.median(time_cuda_events(fn, 20, flusher).samples_ms)
+    return row
+
+
+def test_time_dstate_block_v():
+    """Stage 1 rev3's V-slice (bwd_api picks 32 below ~50 sequence-heads, else 64) measured both ways, with
+    its parallel part (bwd/dvl_wk.py) alone and the other stages, on configs either side of the rule;
+    $OUT/bwd_block_v.json. Not an assertion on speed: it is what the slice rule is refitted from."""
+    import json
+    import os
+
+    from qla_bench.timing import L2Flusher
+
+    flusher = L2Flusher(torch.device("cuda"))
+    rows = []
+    for h_qk, h_v, mix in BLOCK_V_TIMING:
+        rows.append(_time_block_v_config(h_qk, h_v, mix, flusher))
+        print(f"[bwd-block-v] {rows[-1]}", flush=True)
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bwd_block_v.json"), "w") as fh:
+        json.dump({"timer": "cuda-events, L2 flushed, median of 20", "rows": rows}, fh, indent=1)
