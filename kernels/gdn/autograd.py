@@ -1,6 +1,7 @@
 """torch.autograd for the GDN forward: the TileLang forward, then a backward chosen by $QLA_BWD_IMPL:
-"torch" (default: the chunk-form backward of bwd_chunked.py, checked on the H200) or "tilelang" (the
-TileLang backward of bwd_api.py: stages written and checked on the CPU, not yet run on a GPU).
+"tilelang" (the default on CUDA: the TileLang backward of bwd_api.py, at issue 6's tolerances on the H200
+since session 4) or "torch" (the chunk-form backward of bwd_chunked.py, its specification: a Python loop
+over chunks, the default on any other device, where the tests run the Function with a stand-in forward).
 
 The forward keeps what the backward needs: q, k, v, beta, the chunk-local g_cumsum, A0 and h0 (no
 per-chunk states: the backward recomputes them).
@@ -19,9 +20,11 @@ BWD_IMPL_ENV = "QLA_BWD_IMPL"
 BWD_IMPLS = ("torch", "tilelang")
 
 
-def resolve_bwd_impl() -> str:
-    """$QLA_BWD_IMPL (blank: unset), default "torch"; anything else is a ValueError naming the choices."""
-    name = os.environ.get(BWD_IMPL_ENV, "").strip() or "torch"
+def resolve_bwd_impl(device: torch.device | None = None) -> str:
+    """$QLA_BWD_IMPL (blank: unset), else "tilelang" for CUDA tensors and "torch" otherwise; anything else
+    is a ValueError naming the choices."""
+    default = "tilelang" if device is not None and device.type == "cuda" else "torch"
+    name = os.environ.get(BWD_IMPL_ENV, "").strip() or default
     if name not in BWD_IMPLS:
         raise ValueError(f"${BWD_IMPL_ENV} must be one of {list(BWD_IMPLS)}, got {name!r}")
     return name
@@ -44,7 +47,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g_cumsum, beta, a0, h0, cu_seqlens = ctx.saved_tensors
-        if resolve_bwd_impl() == "tilelang":
+        if resolve_bwd_impl(q.device) == "tilelang":
             from .bwd_api import chunk_gated_delta_rule_bwd as bwd
         else:
             bwd = torch_bwd

@@ -1,11 +1,13 @@
 """The TileLang backward (issue 6): its stages and the whole of it.
 
-0. chunk_states: the v2 fused forward in store_states mode recomputes S_c, the state at every chunk
-   start (in q's dtype, the operand its GEMMs used), from the forward's g_cumsum and A0.
-1. chunk_bwd_dstate (gdn/bwd/dstate_chain.py): the reverse chain of state gradients dS', dv, dh0.
-2. chunk_bwd_grads (gdn/bwd/chunk_grads.py): every chunk's dq, dk, dbeta, dg from (S_c, dS'_c).
-chunk_gated_delta_rule_bwd runs the three; gdn/bwd_chunked.py (torch) is its specification and stays
-what gdn/autograd.py uses until this has passed on the H200 ($QLA_BWD_IMPL=tilelang selects it).
+0. chunk_states: a forward kernel in state-store mode (the ws5 one by default) recomputes S_c, the state
+   at every chunk start (in q's dtype, the operand its GEMMs used), from the forward's g_cumsum and A0.
+1. chunk_bwd_dstate (gdn/bwd/dstate_chain.py; rev3 first runs gdn/bwd/dvl_wk.py): the reverse chain of
+   state gradients dS' and dh0 (and dv in rev1/rev2).
+2. chunk_bwd_grads (gdn/bwd/chunk_grads.py): every chunk's dq, dk, dbeta, dg (and dv after rev3) from
+   (S_c, dS'_c).
+chunk_gated_delta_rule_bwd runs them; gdn/bwd_chunked.py (torch) is its specification. gdn/autograd.py
+uses this on CUDA ($QLA_BWD_IMPL=torch selects the specification instead).
 """
 
 from __future__ import annotations
@@ -57,6 +59,27 @@ DEFAULT_GRADS_REV = "rev4"
 STATES_IMPLS = ("v2", "ws5")
 STATES_IMPL_ENV = "QLA_BWD_STATES"
 DEFAULT_STATES_IMPL = "ws5"
+
+
+# Stage 1 rev3's chain: one step of one CTA (microseconds, on the H200) by V-slice width, from
+# tests/gpu/test_qla_bwd.py::test_time_dstate_block_v (session 6: stage 1 less its parallel part over the
+# chain steps; 2.85-2.90 us at 32 and 5.0-5.1 us at 64 on five configs).
+DSTATE_STEP_US = {32: 2.88, 64: 5.07}
+
+
+def choose_block_v_dstate(plan: ChunkPlan, h_v: int, num_sms: int) -> int:
+    """V-slice of stage 1 rev3: the width with the shorter estimated chain time. One CTA per (sequence, head,
+    slice) fits on an SM; the kernel takes the longest sequence's chain, or as many rounds of CTAs as the
+    SMs need times the mean chain, whichever is longer. It reproduces the five measured configs to 3 %; the
+    pair-count rule of rev1/rev2 picked 64 for one 31905-token sequence next to a short one (2.53 ms
+    estimated against 1.48 at 32)."""
+    mean_chunks = plan.num_chunks / plan.num_seqs
+
+    def cost(bv: int) -> float:
+        ctas = plan.num_seqs * h_v * (HEAD_DIM // bv)
+        return DSTATE_STEP_US[bv] * max(plan.max_chunks, -(-ctas // num_sms) * mean_chunks)
+
+    return min(DSTATE_STEP_US, key=cost)
 
 
 def resolve_states_impl() -> str:
@@ -126,13 +149,18 @@ def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, 
     from .bwd.dstate_chain import bwd_dstate_kernel
 
     n, h_v = plan.num_seqs, dof.shape[2]
-    bv = block_v or choose_block_v(n, h_v)
+    rev = resolve_dstate_rev()
+    if block_v is not None:
+        bv = block_v
+    elif rev == "rev3":
+        bv = choose_block_v_dstate(plan, h_v, _num_sms(qf.device))
+    else:
+        bv = choose_block_v(n, h_v)
     ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     dh0 = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     use_dht = dht is not None
     dht_ = dht.contiguous() if use_dht else _dummy_state(h_v, qf.device)
     dt = _TL_DTYPE[qf.dtype]
-    rev = resolve_dstate_rev()
     if bv > 64:  # rev2 spills at 128 (408 B) and rev3 needs 257 KiB of shared memory there: rev1
         rev = "rev1"
     if rev == "rev3":

@@ -144,8 +144,11 @@ def test_tilelang_bwd_rejects_bad_input_before_launch(monkeypatch):
     monkeypatch.setenv("QLA_BWD_IMPL", "triton")
     with pytest.raises(ValueError, match="QLA_BWD_IMPL must be one of"):
         resolve_bwd_impl()
-    monkeypatch.setenv("QLA_BWD_IMPL", " ")
-    assert resolve_bwd_impl() == "torch"
+    monkeypatch.setenv("QLA_BWD_IMPL", " ")  # blank is unset: the TileLang backward on CUDA, torch elsewhere
+    assert resolve_bwd_impl(torch.device("cuda", 0)) == "tilelang"
+    assert resolve_bwd_impl(torch.device("cpu")) == "torch" and resolve_bwd_impl() == "torch"
+    monkeypatch.setenv("QLA_BWD_IMPL", "torch")
+    assert resolve_bwd_impl(torch.device("cuda", 0)) == "torch"
 
 
 def test_bwd_dstate_revision_from_the_environment(monkeypatch):

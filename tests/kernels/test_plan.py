@@ -68,3 +68,23 @@ def test_choose_fused_follows_the_h200_measurements():
     assert choose_fused(8, 64) == ("ws5", 128)
     assert choose_fused(1, 64, num_sms=78) == ("ws5", 128)  # fewer SMs: 64 pairs already fill it
     assert [choose_block_v_ws(n, 8) for n in (1, 4, 5, 8, 9)] == [32, 32, 64, 64, 128]
+
+
+def test_dstate_block_v_follows_the_h200_measurements():
+    """Stage 1 rev3's V-slice (bwd_api.choose_block_v_dstate) on the configs measured on the H200
+    (results/H200/logs/2026-12-03-s6/call5-bwd_block_v.json, stage 1 ms at 32 / 64), and the ragged mix
+    the pair-count rule got wrong."""
+    import itertools
+
+    from qla_kernels.gdn.bwd_api import choose_block_v_dstate
+
+    def pick(lens, h_v):
+        return choose_block_v_dstate(build_plan_from_list([0, *itertools.accumulate(lens)], "cpu"), h_v, 132)
+
+    assert pick([32768], 32) == 32  # 2.09 vs 3.24
+    assert pick([16384, 16384], 32) == 64  # 2.09 vs 1.91
+    assert pick([8192] * 4, 32) == 64  # 2.09 vs 1.91
+    assert pick([16384, 16384], 16) == 32  # 1.04 vs 1.60
+    assert pick([8192] * 4, 8) == 32  # 0.54 vs 0.81
+    assert pick([31905, 863], 32) == 32  # qwen35-bwd 32k_2seq: one long chain decides
+    assert choose_block_v_dstate(build_plan_from_list([0, 32768], "cpu"), 32, 64) == 64  # half the SMs
