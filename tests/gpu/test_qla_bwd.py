@@ -164,7 +164,7 @@ def _time_block_v_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     from qla_bench.timing import time_cuda_events
     from qla_bench.workload import parse_seqlens
     from qla_kernels.gdn import bwd_api
-    from qla_kernels.gdn.api import _TL_DTYPE, _plan, chunk_gated_delta_rule_fwd, pack_tokens
+    from qla_kernels.gdn.api import _TL_DTYPE, _num_sms, _plan, chunk_gated_delta_rule_fwd, pack_tokens
     from qla_kernels.gdn.bwd.dvl_wk import bwd_dvl_wk_kernel
     from qla_kernels.gdn.plan import choose_block_v
 
@@ -196,16 +196,22 @@ def _time_block_v_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
             q, k, v, fwd.g_cumsum, beta, fwd.a0, do, None, scale, s0, cu
         ),
     }
-    row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix, "rule_block_v": choose_block_v(len(lens), h_v)}
+    row: dict = {
+        "h_qk": h_qk,
+        "h_v": h_v,
+        "seqs": mix,
+        "rule_block_v": choose_block_v(len(lens), h_v),  # rev1/rev2's pair-count rule (session 6's call 5 row)
+        "dstate_rule_block_v": bwd_api.choose_block_v_dstate(plan, h_v, _num_sms(q.device)),
+    }
     for name, fn in calls.items():
         row[name] = statistics.median(time_cuda_events(fn, 20, flusher).samples_ms)
     return row
 
 
 def test_time_dstate_block_v():
-    """Stage 1 rev3's V-slice (bwd_api picks 32 below ~50 sequence-heads, else 64) measured both ways, with
-    its parallel part (bwd/dvl_wk.py) alone and the other stages, on configs either side of the rule;
-    $OUT/bwd_block_v.json. Not an assertion on speed: it is what the slice rule is refitted from."""
+    """Stage 1 rev3's V-slice measured both ways, with its parallel part (bwd/dvl_wk.py) alone and the
+    other stages, on configs either side of the width rules; $OUT/bwd_block_v.json. Not an assertion on
+    speed: it is what bwd_api.DSTATE_STEP_US and choose_block_v_dstate are fitted from."""
     import json
     import os
 
