@@ -32,7 +32,7 @@ def variants() -> list[tuple[str, str, tuple]]:
     for dt in ("bfloat16", "float16"):
         out.append((f"kkt v3 {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt)))
         out.append((f"kkt v3h {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *KKT_IMPLS["v3h"][1])))
-    for rev in (4, 5):
+    for rev in (4, 5, 6):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):
                 args = (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, rev)

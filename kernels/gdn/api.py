@@ -44,9 +44,10 @@ DEFAULT_KKT_IMPL = "v3h"
 
 # fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
 # state chain and output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found
-# by the profile build; fastest on every config measured on the H200); "auto" (plan.choose_fused) runs
-# ws5 with the V-slice width for the config.
-FUSED_IMPLS = ("v2", "ws", "ws5", "auto")
+# by the profile build; fastest on every config measured on the H200); "ws6" ws5 with beta applied to W
+# before its rounding instead of to Ag (fewer bf16 errors at short lengths; prepared, not yet run on a
+# GPU); "auto" (plan.choose_fused) runs ws5 with the V-slice width for the config.
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "auto")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
 
@@ -93,10 +94,10 @@ def launcher(kernel):
 @functools.cache
 def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
     """The launcher of a fused kernel, memoised (TileLang's own lookup cost ~2.5 us per call)."""
-    if impl in ("ws", "ws5"):
+    if impl in ("ws", "ws5", "ws6"):
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
-        rev = 5 if impl == "ws5" else 4
+        rev = {"ws": 4, "ws5": 5, "ws6": 6}[impl]
         return launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v, False, rev))
     from .fwd.fused_fwd import fused_fwd_kernel
 

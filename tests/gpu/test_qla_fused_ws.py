@@ -30,7 +30,7 @@ from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
 from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd  # noqa: E402
 
 BV_ALL = (128, 64, 32)
-WS_IMPLS = ("ws", "ws5")
+WS_IMPLS = ("ws", "ws5", "ws6")  # ws6: prepared in session 6, not yet run
 
 
 def _params():

@@ -64,7 +64,7 @@ def test_kkt_solve_v3_compiles(dtype, precise, min_blocks):
 
 @pytest.mark.parametrize(
     ("rev", "block_v", "profile"),
-    [(4, 128, False), (5, 128, False), (5, 64, False), (5, 32, False), (5, 128, True)],
+    [(4, 128, False), (5, 128, False), (5, 64, False), (5, 32, False), (5, 128, True), (6, 32, False)],
 )
 def test_fused_fwd_ws_compiles(rev, block_v, profile):
     from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program

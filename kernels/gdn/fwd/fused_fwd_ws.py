@@ -108,14 +108,20 @@ def fused_fwd_ws_program(
     for the chunk's GEMMs by one TMA store per chunk (the operand, as FLA keeps h), waited for before it
     overwrites s_sh with the next chunk's.
 
+    rev=6 is rev 5 with beta applied to W (in fp32, before W is rounded to the GEMM's dtype) instead of
+    to Ag: Ag W = (Gamma o A0) (diag(beta) W). Rev 5 rounds Gamma o A0 o beta, so every token's beta carries
+    one bf16 rounding error into the whole of its update; emulated at T = 1 (NOTES.md, session 6) that
+    is 1.19x FLA's final-state error, rev 6's 0.74x. Prepared, not yet run on a GPU.
+
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
     C = CHUNK
-    assert rev in (4, 5)
+    assert rev in (4, 5, 6)
     v5 = rev >= 5
+    beta_in_w = rev >= 6
     assert dv % block_v == 0 and block_v in (32, 64, 128)
-    assert not state_pass or (v5 and not profile and not state_v_first and dk == dv)
+    assert not state_pass or (v5 and not beta_in_w and not profile and not state_v_first and dk == dv)
     assert not store_states or (v5 and not profile and not state_pass and not state_v_first)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
     h_v = T.dynamic("h_v")
@@ -275,6 +281,10 @@ def fused_fwd_ws_program(
                         for i, j in T.Parallel(C, block_v):
                             u[i, j] = T.if_then_else(v0 < dv, T.cast(v_sh[st, i, j], acc), 0.0) - d1_sh[st, i] * u[i, j]
                         T.copy(u, v_sh[st, :, :])
+                    elif beta_in_w:  # W' = diag(beta) W, rounded once
+                        for i, j in T.Parallel(C, block_v):
+                            u[i, j] = (T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]) * b_sh[st, i]
+                        T.copy(u, v_sh[st, :, :])
                     elif v5:
                         for i, j in T.Parallel(C, block_v):
                             u[i, j] = T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]
@@ -361,7 +371,10 @@ def fused_fwd_ws_program(
                             for i, j in T.Parallel(C, C):
                                 p[i, j] = p[i, j] * gm[i, j] * scale
                             for i, j in T.Parallel(C, C):
-                                gm[i, j] = gm[i, j] * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
+                                if beta_in_w:  # beta is in W' (WG1)
+                                    gm[i, j] = gm[i, j] * T.cast(a_sh[st, i, j], acc)
+                                else:
+                                    gm[i, j] = gm[i, j] * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
                             T.copy(gm, a_sh[st, :, :])
                             T.fence_proxy_async()
                             T.barrier_arrive(ag_ready)

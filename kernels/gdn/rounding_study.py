@@ -1,0 +1,65 @@
+"""Where the forward's bf16 roundings cost accuracy: a float64 emulation of one token's state update.
+
+At T = 1 (results/H200/numerics/edge-check-fwd.jsonl, session 6) qla's final state was 1.14-1.25x FLA's
+error against float64. One token's update is S' = e^g S + k^T (beta (v - e^g k S)); the kernels round
+to bf16 where their GEMM operands are formed. This emulates three orders of those roundings on random
+inputs and prints each one's mean relative L2 error:
+- ws5 (rev 5): W = bf(v - e^g k bf(S)), Ag = bf(beta) (Gamma o A0 o beta at T = 1), Vd = bf(Ag W);
+- ws6 (rev 6): beta applied to W before it is rounded, W' = bf(beta (v - e^g k bf(S))), Vd = bf(W');
+- FLA: u = bf(beta v), w = bf(beta e^g k), Vd = bf(u - w bf(S)).
+Rounding beta on its own puts one relative error into a token's whole update, which no sum averages out.
+
+    python -m qla_kernels.gdn.rounding_study [TRIALS]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+
+HEAD_DIM = 128
+
+
+def _bf(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).to(torch.float64)
+
+
+def one_token_errors(seed: int, h_v: int = 8) -> dict[str, float]:
+    """Relative L2 error of the updated state against float64, per rounding order, for one random draw."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    k = _bf(torch.nn.functional.normalize(randn(h_v, HEAD_DIM), dim=-1))
+    v = _bf(randn(h_v, HEAD_DIM))
+    eg = torch.exp(torch.nn.functional.logsigmoid(randn(h_v)).float().double())
+    beta = torch.sigmoid(randn(h_v)).float().double()
+    s = randn(h_v, HEAD_DIM, HEAD_DIM).float().double()
+
+    def update(vd: torch.Tensor) -> torch.Tensor:
+        return eg[:, None, None] * s + k[:, :, None] * vd[:, None, :]
+
+    exact = update(beta[:, None] * (v - eg[:, None] * torch.einsum("hk,hkv->hv", k, s)))
+    ks = torch.einsum("hk,hkv->hv", k, _bf(s))
+    w = _bf(v - eg[:, None] * ks)
+    variants = {
+        "ws5": update(_bf(_bf(beta)[:, None] * w)),
+        "ws6": update(_bf(_bf(beta[:, None] * (v - eg[:, None] * ks)))),
+        "fla": update(_bf(_bf(beta[:, None] * v) - torch.einsum("hk,hkv->hv", _bf((beta * eg)[:, None] * k), _bf(s)))),
+    }
+    return {name: ((x - exact).norm() / exact.norm()).item() for name, x in variants.items()}
+
+
+def main(argv: list[str]) -> None:
+    trials = int(argv[0]) if argv else 200
+    runs = [one_token_errors(seed) for seed in range(trials)]
+    mean = {name: statistics.mean(r[name] for r in runs) for name in runs[0]}
+    for name, e in mean.items():
+        print(f"{name}: {e:.3e} ({e / mean['fla']:.2f}x FLA's)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
