@@ -15,7 +15,8 @@ P and Ag inside every step). dv (= Ag^T dVn) then comes from stage 2, which comp
 Rows past a sequence's end: q, k and dO rows there load as zero, so P's rows there are zero and dvl's
 rows there are zero; they are never stored. The chain masks its own loads of dvl past the end.
 
-cpu_debug=True builds the same program for TileLang's C backend (tests/kernels/test_bwd_dvl_wk_cpu.py).
+cpu_debug=True builds the same program for TileLang's C backend (tests/kernels/test_bwd_dstate_cpu.py and
+test_bwd_pipeline_cpu.py run it against float64).
 """
 
 import tilelang
