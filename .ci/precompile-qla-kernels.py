@@ -32,6 +32,12 @@ def variants() -> list[tuple[str, str, tuple]]:
     for dt in ("bfloat16", "float16"):
         out.append((f"kkt v3 {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt)))
         out.append((f"kkt v3h {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *KKT_IMPLS["v3h"][1])))
+        out.append((f"kkt v4 {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *KKT_IMPLS["v4"][1])))
+    out.append(("kkt v3s bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *KKT_IMPLS["v3s"][1])))
+    for impl in ("v3h", "v4"):  # profile builds (profile_fwd.profile_kkt)
+        args = list(KKT_IMPLS[impl][1]) + [False] * (7 - len(KKT_IMPLS[impl][1]))
+        args[4] = True
+        out.append((f"kkt {impl} profile bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *args)))
     for rev in (4, 5, 6):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):
@@ -61,8 +67,10 @@ def variants() -> list[tuple[str, str, tuple]]:
             out.append((f"bwd dstate chain rev3 bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True)))  # fmt: skip
     out.append(("bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
-    out.append(("bwd chunk grads rev4 store dv", "bwd_chunk_grads_kernel",
-                (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", 256, False, False, True, True, True, True)))  # fmt: skip
+    for rev in ("rev4", "rev6"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
+        threads, *flags = GRADS_FLAGS[rev]
+        out.append((f"bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, False, *flags, True)))  # fmt: skip
     for rev, (threads, *flags) in GRADS_FLAGS.items():
         for prof in (False, True):
             out.append((f"bwd chunk grads {rev}{' profile' if prof else ''}", "bwd_chunk_grads_kernel",
@@ -74,8 +82,10 @@ def variants() -> list[tuple[str, str, tuple]]:
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"fp16 bwd chunk grads {rev}", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags)))  # fmt: skip
-    out.append(("fp16 bwd chunk grads rev4 store dv", "bwd_chunk_grads_kernel",
-                (HEAD_DIM, HEAD_DIM, SCALE, "float16", 256, False, False, True, True, True, True)))  # fmt: skip
+    for rev in ("rev4", "rev6"):
+        threads, *flags = GRADS_FLAGS[rev]
+        out.append((f"fp16 bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags, True)))  # fmt: skip
     out.append(("fp16 bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "float16")))
     out.append(("fp16 bwd dstate chain rev3 bv32 dht=True", "bwd_dstate_kernel",
                 (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, 32, 256, False, True, 2, True)))  # fmt: skip

@@ -38,6 +38,9 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v3-mb0": ("v3", (True, 0)),  # v3 without the register cap (93 registers, 5 CTAs/SM)
     "v3-tf32": ("v3", (False, 6)),  # one tf32 product per block product: timing reference only
     "v3h": ("v3", (True, 6, False, True)),  # v3 with the CTA's indices computed once (NOTES.md v5)
+    # v3h with the lean scatter of L (the profile's 11 K of 27 K cycles), without and with the TMA K load
+    "v3s": ("v3", (True, 6, False, True, False, True)),
+    "v4": ("v3", (True, 6, False, True, False, True, True)),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v3h"
@@ -45,8 +48,9 @@ DEFAULT_KKT_IMPL = "v3h"
 # fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
 # state chain and output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found
 # by the profile build; fastest on every config measured on the H200); "ws6" ws5 with beta applied to W
-# before its rounding instead of to Ag (fewer bf16 errors at short lengths; prepared, not yet run on a
-# GPU); "auto" (plan.choose_fused) runs ws5 with the V-slice width for the config.
+# before its rounding instead of to Ag (on the H200: ws5's speed, and an error at or below FLA's on every
+# edge case, where ws5's one-token final state was 1.14-1.25x FLA's); "auto" (plan.choose_fused) runs
+# ws6 with the V-slice width for the config.
 FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "auto")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"

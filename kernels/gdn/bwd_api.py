@@ -39,12 +39,13 @@ DEFAULT_DSTATE_REV = "rev3"
 # per SM either way: twice the warps for its element-wise passes and reductions). On the H200 (session 6)
 # all pass; at 16/32 1x32768 rev2 6.41 ms, rev3 3.58, rev4 3.16, rev5 3.20: rev4 is the default.
 # $QLA_BWD_GRADS overrides the default.
-GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads) of bwd_chunk_grads_program
-    "rev1": (256, False, False, False),
-    "rev2": (256, True, False, False),
-    "rev3": (256, True, True, False),
-    "rev4": (256, True, True, True),
-    "rev5": (512, True, True, True),
+GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_beta_fp32) of bwd_chunk_grads_program
+    "rev1": (256, False, False, False, False),
+    "rev2": (256, True, False, False, False),
+    "rev3": (256, True, True, False, False),
+    "rev4": (256, True, True, True, False),
+    "rev5": (512, True, True, True, False),
+    "rev6": (256, True, True, True, True),  # rev4 with beta applied to dW in fp32 (dv's rounding)
 }
 GRADS_REVS = tuple(GRADS_FLAGS)
 GRADS_REV_ENV = "QLA_BWD_GRADS"

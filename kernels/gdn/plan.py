@@ -125,11 +125,13 @@ def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
     return 128
 
 
-WS_IMPL = "ws5"
+WS_IMPL = "ws6"
 
 
 def choose_fused(num_seqs: int, h_v: int, num_sms: int = 132) -> tuple[str, int]:
     """(fused kernel, V-slice width) for `auto`. On the H200 the rev-5 warp-specialised kernel was the
     fastest of v2, ws (rev 4) and ws5 on all eight measured configs (NOTES.md, v5: 1.1-2.0x over the
-    previous choice), so `auto` only picks its slice width."""
+    previous choice); rev 6 (ws6) is rev 5 with beta applied to W before its bf16 rounding, the same speed
+    on those configs and a smaller error (NOTES.md, session 7), so `auto` runs ws6 and only picks its
+    slice width."""
     return WS_IMPL, choose_block_v_ws(num_seqs, h_v, num_sms)

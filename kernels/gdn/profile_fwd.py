@@ -47,3 +47,47 @@ def profile_fused_ws(
     total = prof.double().sum(0) / (plan.num_chunks * h_v * (HEAD_DIM // block_v))  # per chunk-step
     names = phases(rev)
     return {f"WG{w}": {name: round(total[w, i].item(), 1) for i, name in enumerate(names[w])} for w in range(3)}
+
+
+def profile_kkt(
+    k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor | None, impl: str = "v3h"
+) -> dict:
+    """Mean clock64 cycles per phase of a v3-family kkt_solve (its profile build) over all CTAs, the mean
+    CTA length, and the plain kernel's time (CUDA events, median of 20), from which the caller gets how
+    many CTAs overlap on an SM: mean CTA cycles x CTAs / (SMs x kernel time x clock)."""
+    from .api import KKT_IMPLS
+    from .fwd.kkt_solve_v3 import PROFILE_STAMPS, kkt_solve_v3_kernel
+
+    h_v = g.shape[-1]
+    plan = _plan(k, cu_seqlens)
+    kf, gf, bf = (pack_tokens(x) for x in (k, g, beta))
+    version, extra = KKT_IMPLS[impl]
+    assert version == "v3", impl
+    args = list(extra) + [False] * (7 - len(extra))  # (precise, min_blocks, cpu_debug, hoist, profile, ...)
+    args[4] = True
+    kernel = kkt_solve_v3_kernel(HEAD_DIM, _TL_DTYPE[k.dtype], *args)
+    g_cumsum = torch.empty_like(gf)
+    a0 = torch.empty(1, kf.shape[1], h_v, 64, dtype=k.dtype, device=k.device)
+    ctas = plan.num_chunks * h_v
+    prof = torch.zeros(ctas, len(PROFILE_STAMPS), dtype=torch.int64, device=k.device)
+    for _ in range(2):  # the first launch loads the module
+        kernel(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0, prof)
+    torch.cuda.synchronize()
+    cycles = prof.double().diff(dim=1).mean(0)
+    times = []
+    for _ in range(20):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        _launch_kkt(impl, kf, gf, bf, plan)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return {
+        "ctas": ctas,
+        "mean_cycles_per_phase": {f"{PROFILE_STAMPS[i]} -> {PROFILE_STAMPS[i + 1]}": round(c, 1)
+                                  for i, c in enumerate(cycles.tolist())},
+        "mean_cta_cycles": round(cycles.sum().item(), 1),
+        "impl": impl,
+        "kernel_ms": times[len(times) // 2],
+    }

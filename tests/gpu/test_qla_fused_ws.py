@@ -30,7 +30,11 @@ from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
 from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd  # noqa: E402
 
 BV_ALL = (128, 64, 32)
-WS_IMPLS = ("ws", "ws5", "ws6")  # ws6: prepared in session 6, not yet run
+WS_IMPLS = ("ws", "ws5", "ws6")
+# ws6 rounds differently on purpose (beta applied to W before W's bf16 rounding): it is further from v2's
+# output than v2's own error (session 7: 5.7e-3 apart, both ~4e-3 from float64), so it is held to v2's
+# error instead of to v2's output
+ROUNDS_LIKE_V2 = ("ws", "ws5")
 
 
 def _params():
@@ -59,7 +63,11 @@ def test_ws_matches_reference_and_v2(impl, name, bv):
           f"state={d_s:.1e} | v2 o={rel_l2(v2.o, ref_o):.2e}")
     assert eo <= TOL and es <= TOL, (eo, es)
     assert worst <= 2 * TOL, worst
-    assert d_o < 5e-3 and d_s < 5e-3, (d_o, d_s)
+    if impl in ROUNDS_LIKE_V2:
+        assert d_o < 5e-3 and d_s < 5e-3, (d_o, d_s)
+    else:
+        v2_o, v2_s = rel_l2(v2.o, ref_o), rel_l2(v2.final_state, ref_s)
+        assert eo <= 1.02 * v2_o and es <= 1.02 * v2_s, (eo, v2_o, es, v2_s)
 
 
 def test_ws_state_v_first_is_the_transpose():
@@ -90,7 +98,9 @@ def _median_ms(fn, flusher, reps=30):
 
 
 def test_time_fused_variants():
+    """$WS_TIMING_IMPLS (comma-separated) times only those ws revisions, without the v2 and auto rows."""
     flusher = L2Flusher(torch.device("cuda"))
+    timing_impls = [i for i in os.environ.get("WS_TIMING_IMPLS", ",".join(WS_IMPLS)).split(",") if i]
     rows = []
     for h_qk, h_v, lens in TIMING:
         total = sum(lens)
@@ -102,9 +112,10 @@ def test_time_fused_variants():
         def fwd(args=args, s0=s0, cu=cu, **kw):
             return lambda: chunk_gated_delta_rule_fwd(*args, initial_state=s0, cu_seqlens=cu, **kw)
 
-        row["v2"] = _median_ms(fwd(fused_impl="v2"), flusher)
-        row["auto"] = _median_ms(fwd(fused_impl="auto"), flusher)
-        for impl in WS_IMPLS:
+        if not os.environ.get("WS_TIMING_IMPLS"):
+            row["v2"] = _median_ms(fwd(fused_impl="v2"), flusher)
+            row["auto"] = _median_ms(fwd(fused_impl="auto"), flusher)
+        for impl in timing_impls:
             for bv in BV_ALL:
                 row[f"{impl}_bv{bv}"] = _median_ms(fwd(fused_impl=impl, block_v=bv), flusher)
         rows.append(row)

@@ -37,14 +37,14 @@ CASES = [
 
 @pytest.fixture(
     scope="module",
-    params=[(False, False), (True, False), (True, True)],
-    ids=["rev1-element-loads", "rev2-tile-loads", "rev3-hoisted-indices"],
+    params=[(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
+    ids=["rev1-element-loads", "rev2-tile-loads", "rev3-hoisted-indices", "rev6-dw-beta-fp32"],
 )
 def kernel(request):
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    tile_loads, hoist = request.param
+    tile_loads, hoist, dw_beta = request.param
     program = bwd_chunk_grads_program(
-        D, D, SCALE, "float32", cpu_debug=True, tile_loads=tile_loads, hoist_index=hoist
+        D, D, SCALE, "float32", cpu_debug=True, tile_loads=tile_loads, hoist_index=hoist, dw_beta_fp32=dw_beta
     )
     return tilelang.compile(program, target="c", pass_configs=cfg)
 

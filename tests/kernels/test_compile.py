@@ -109,7 +109,7 @@ def test_bwd_dstate_chain_compiles(block_v, use_dht):
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
 
-@pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5"])
+@pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6"])
 def test_bwd_chunk_grads_compiles(rev):
     from qla_kernels.gdn.bwd.chunk_grads import PASS_CONFIGS, bwd_chunk_grads_program
     from qla_kernels.gdn.bwd_api import GRADS_FLAGS

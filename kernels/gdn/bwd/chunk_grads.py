@@ -44,6 +44,7 @@ def bwd_chunk_grads_program(
     tile_loads: bool = False,
     hoist_index: bool = False,
     tma_loads: bool = False,
+    dw_beta_fp32: bool = False,
     store_dv: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
@@ -63,6 +64,11 @@ def bwd_chunk_grads_program(
     the H200 the CTA went from 95 K to 50.7 K cycles. tma_loads=True (rev 4, GPU only) is rev 3 with the
     tiles and S brought in by TMA: one warp issues all six bulk copies at the start (k, S, v, A0 on one
     mbarrier, q and dO on another) while every thread loads g, beta and dS'; loads 15.3 K -> 9.0 K cycles.
+
+    dw_beta_fp32=True (rev 6) forms dW = diag(beta) ((Gamma o A0)^T dVn), beta applied to the fp32 product,
+    instead of Ag^T dVn with beta inside the bf16-rounded Ag: each token's beta then carries no rounding
+    error of its own into its whole row of dW (and dv), the cause of dv's 1.11-1.16x FLA error found by the
+    forward's rounding study (NOTES.md, session 6). Vn keeps the forward's Ag W.
 
     store_dv=True (with stage 1 rev 3, which no longer forms dW) also writes dv = dW = Ag^T dVn, in the
     input dtype, to one more argument after dg: dv [1,T,H_v,V].
@@ -276,7 +282,14 @@ def bwd_chunk_grads_program(
                 dvn_sh[i, j] = T.cast(cv[i, j], dtype)
             stamp(prof, bid, 4)
             # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
-            mm(ag_sh, dvn_sh, cv, transpose_a=True)
+            if dw_beta_fp32:
+                for i, j in T.Parallel(C, C):  # Ag without beta (Vn above used the rounded Ag with it)
+                    ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, i, j), dtype)
+                mm(ag_sh, dvn_sh, cv, transpose_a=True)
+                for i, j in T.Parallel(C, dv):
+                    cv[i, j] = b_sh[i] * cv[i, j]
+            else:
+                mm(ag_sh, dvn_sh, cv, transpose_a=True)
             if store_dv:  # dv of the chunk's tokens
                 for i, j in T.Parallel(C, dv):
                     if t0 + i < end:

@@ -29,9 +29,18 @@ import tilelang.language as T
 CHUNK = 64
 BLK = 16
 HALF = 32
+LPAD = 8  # lean_scatter's L row padding (floats): a half-warp's 8-byte fragment stores cover 32 banks
 PAD = BLK + 1  # row stride of the 16-wide fp32 staging buffers: the 4 diagonal blocks hit different banks
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+# Profile build (profile=True): thread 0 of every CTA stamps clock64 after a barrier at these points;
+# consecutive differences are the phases.
+PROFILE_STAMPS = (
+    "start", "K, g, beta loaded", "cumsum, K K^T", "scatter L", "diagonal solves", "level-1 operands",
+    "T1 = L10 X0", "split T1", "U1 = X1 T1", "level-2 operands", "T2 = L21 X11", "split T2", "U2 = X22 T2",
+    "assemble A0", "stored",
+)  # fmt: skip
 
 
 def _tf32_hi(x):
@@ -47,6 +56,9 @@ def kkt_solve_v3_program(
     min_blocks_per_sm: int = 6,
     cpu_debug: bool = False,
     hoist_index: bool = False,
+    profile: bool = False,
+    lean_scatter: bool = False,
+    tma_k: bool = False,
 ):
     """TileLang program with kkt_solve_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values.
@@ -65,7 +77,22 @@ def kkt_solve_v3_program(
     hoist_index=True computes the CTA's head, chunk and token offsets once into registers. Without it
     TileLang re-derives them (64-bit signed floor division and modulo by h_v and h_v // h_qk) inside
     every unrolled load and store, some thousands of integer instructions per CTA (NOTES.md, v5).
+
+    profile=True is a measuring build: one more argument, prof [num_chunks * h_v, len(PROFILE_STAMPS)]
+    int64, where thread 0 of every CTA writes clock64 after a barrier at each of PROFILE_STAMPS
+    (profile_fwd.profile_kkt turns them into mean cycles per phase). The extra barriers change the
+    timing a little; its numbers go to NOTES.md, never into results.
+
+    lean_scatter=True replaces the scatter of L, which the profile build measured at 11 K of a CTA's 27 K
+    cycles on the H200 (NOTES.md, session 7): the three-way branchy scatter of the K K^T accumulator into
+    the diagonal, A1 and L21 operand buffers (beta re-read from shared memory per element, every swizzled
+    address re-derived) becomes one in-register pass (beta, strict-lower mask), one fragment-to-shared
+    copy into a padded fp32 L, and the operand splits read from L in their own layouts; the diagonal
+    solves read L directly. tma_k=True (GPU only) loads the K tile with bulk copies on an mbarrier while
+    the threads load g and beta, instead of bounds-checked vector loads.
     """
+    assert not (profile and cpu_debug)
+    assert not (tma_k and cpu_debug)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -123,16 +150,20 @@ def kkt_solve_v3_program(
 
     alloc_acc = alloc_sh if cpu_debug else T.alloc_fragment
 
-    @T.prim_func
-    def kkt_solve_v3(
-        k: T.Tensor((1, nt, h_qk, dk), dtype),
-        g: T.Tensor((1, nt, h_v), acc),
-        beta: T.Tensor((1, nt, h_v), acc),
-        cu_seqlens: T.Tensor((ns,), "int32"),
-        chunk_indices: T.Tensor((nc, 2), "int32"),
-        g_cumsum: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, C), dtype),
-    ):
+    def lblk(ld_sh, blk, i, j):
+        """L_bb[i, j] from ld_sh: all of L with lean_scatter, else the diagonal blocks stacked 16 wide."""
+        return ld_sh[blk * BLK + i, blk * BLK + j] if lean_scatter else ld_sh[blk * BLK + i, j]
+
+    @T.macro
+    def stamp(prof, bid, point):
+        """Profile builds: every thread reaches this point, then thread 0 reads the clock."""
+        if profile:
+            T.sync_threads()
+            if T.get_thread_binding() == 0:
+                prof[bid, point] = T.call_extern("int64", "clock64")
+
+    @T.macro
+    def body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, prof):
         with T.Kernel(nc * h_v, threads=128) as (bid,):
             if min_blocks_per_sm > 0 and not cpu_debug:
                 T.annotate_min_blocks_per_sm(min_blocks_per_sm)
@@ -157,7 +188,9 @@ def kkt_solve_v3_program(
             b_sh = alloc_sh((C,), acc)
             gc_sh = alloc_sh((C,), acc)
             kk = alloc_acc((C, C), acc)
-            ld_sh = alloc_sh((C, PAD), acc)  # diagonal blocks of L, row i holds L[i, 16*(i//16) + c]
+            # lean_scatter: all of L, rows padded (the fragment's pair stores hit 32 banks); else the diagonal
+            # blocks of L, row i holds L[i, 16*(i//16) + c]
+            ld_sh = alloc_sh((C, C + LPAD), acc) if lean_scatter else alloc_sh((C, PAD), acc)
             dx_sh = alloc_sh((C, PAD), acc)  # their inverses X_b in the same stacking
             if not cpu_debug:
                 col = T.alloc_local((BLK,), acc)
@@ -198,7 +231,14 @@ def kkt_solve_v3_program(
             # K tile unmasked: rows past the sequence end belong to the next sequence (finite) or are
             # zero-filled past the tensor end; beta = 0 there zeroes their rows of L, and a column j past
             # the end only meets rows i > j, also past the end.
-            T.copy(k[0, start : start + C, bhg, 0:dk], k_sh)
+            stamp(prof, bid, 0)
+            if tma_k:
+                k_ready = T.alloc_barrier(arrive_count=32)
+                if T.get_thread_binding() < 32:
+                    T.tma_copy(k[0, start : start + C, bhg, 0:dk], k_sh, barrier=k_ready)
+                    T.barrier_arrive(k_ready)
+            else:
+                T.copy(k[0, start : start + C, bhg, 0:dk], k_sh)
             for i in T.Parallel(C):
                 if start + i < end:
                     b_sh[i] = beta[0, start + i, bh]
@@ -206,6 +246,9 @@ def kkt_solve_v3_program(
                 else:
                     b_sh[i] = 0.0
                     gc_sh[i] = 0.0
+            if tma_k:
+                T.barrier_wait(k_ready, 0)
+            stamp(prof, bid, 1)
             if cpu_debug:
                 for i in T.serial(C - 1):
                     gc_sh[i + 1] = gc_sh[i + 1] + gc_sh[i]
@@ -217,26 +260,43 @@ def kkt_solve_v3_program(
                 T.cumsum(src=gc_sh, dim=0)
                 T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
 
+            stamp(prof, bid, 2)
             # scatter L = StrictLower(diag(beta) K K^T) into the pieces the algorithm reads
-            for i, j in T.Parallel(C, C):
-                if i // BLK == j // BLK:
-                    ld_sh[i, j % BLK] = T.if_then_else(i > j, kk[i, j] * b_sh[i], 0.0)
-                if i >= HALF and j < HALF:
-                    split_store(kk[i, j] * b_sh[i], l21_hi, l21_lo, i - HALF, j)
-                if i // BLK % 2 == 1 and j // BLK == i // BLK - 1:
-                    split_store(kk[i, j] * b_sh[i], a1_hi, a1_lo, i // HALF * BLK + i % BLK,
-                                i // HALF * BLK + j % BLK)
-            for r, c in T.Parallel(HALF, HALF):
-                if r // BLK != c // BLK:
-                    split_store(0.0, a1_hi, a1_lo, r, c)
+            if lean_scatter:
+                for i, j in T.Parallel(C, C):
+                    kk[i, j] = T.if_then_else(i > j, kk[i, j] * b_sh[i], 0.0)
+                T.copy(kk, ld_sh[0:C, 0:C])
+                # A1 = blockdiag(L10, L32) and L21, every element of each written by its own loop
+                for r, c in T.Parallel(HALF, HALF):
+                    split_store(
+                        T.if_then_else(
+                            r // BLK == c // BLK, ld_sh[r // BLK * HALF + BLK + r % BLK, r // BLK * HALF + c % BLK], 0.0
+                        ),
+                        a1_hi, a1_lo, r, c,
+                    )  # fmt: skip
+                for r, c in T.Parallel(HALF, HALF):
+                    split_store(ld_sh[HALF + r, c], l21_hi, l21_lo, r, c)
+            else:
+                for i, j in T.Parallel(C, C):
+                    if i // BLK == j // BLK:
+                        ld_sh[i, j % BLK] = T.if_then_else(i > j, kk[i, j] * b_sh[i], 0.0)
+                    if i >= HALF and j < HALF:
+                        split_store(kk[i, j] * b_sh[i], l21_hi, l21_lo, i - HALF, j)
+                    if i // BLK % 2 == 1 and j // BLK == i // BLK - 1:
+                        split_store(kk[i, j] * b_sh[i], a1_hi, a1_lo, i // HALF * BLK + i % BLK,
+                                    i // HALF * BLK + j % BLK)
+                for r, c in T.Parallel(HALF, HALF):
+                    if r // BLK != c // BLK:
+                        split_store(0.0, a1_hi, a1_lo, r, c)
 
+            stamp(prof, bid, 3)
             # diagonal blocks: thread (block b, column c) solves (I + L_bb) x = e_c in fp32 registers
             if cpu_debug:
                 for blk, c in T.Parallel(4, BLK):
                     for i in T.serial(BLK):
                         dx_sh[blk * BLK + i, c] = T.if_then_else(c == i, 1.0, 0.0)
                         for j in T.serial(i):
-                            dx_sh[blk * BLK + i, c] = dx_sh[blk * BLK + i, c] - ld_sh[blk * BLK + i, j] * dx_sh[
+                            dx_sh[blk * BLK + i, c] = dx_sh[blk * BLK + i, c] - lblk(ld_sh, blk, i, j) * dx_sh[
                                 blk * BLK + j, c]
             else:
                 tx = T.get_thread_binding()
@@ -246,10 +306,11 @@ def kkt_solve_v3_program(
                     for i in T.unroll(BLK):
                         col[i] = T.if_then_else(c == i, 1.0, 0.0)
                         for j in T.unroll(i):
-                            col[i] = col[i] - ld_sh[blk * BLK + i, j] * col[j]
+                            col[i] = col[i] - lblk(ld_sh, blk, i, j) * col[j]
                     for i in T.unroll(BLK):
                         dx_sh[blk * BLK + i, c] = col[i]
 
+            stamp(prof, bid, 4)
             # level 1 operands from the diagonal inverses
             for r, c in T.Parallel(HALF, BLK):
                 split_store(dx_sh[r // BLK * HALF + r % BLK, c], b1_hi, b1_lo, r, c)
@@ -258,11 +319,15 @@ def kkt_solve_v3_program(
                     T.if_then_else(r // BLK == c // BLK, dx_sh[r // BLK * HALF + BLK + r % BLK, c % BLK], 0.0),
                     a2_hi, a2_lo, r, c,
                 )
+            stamp(prof, bid, 5)
             mm(a1_hi, a1_lo, b1_hi, b1_lo, t1)  # [L10 X0; L32 X2]
+            stamp(prof, bid, 6)
             for r, c in T.Parallel(HALF, BLK):
                 split_store(t1[r, c], t1_hi, t1_lo, r, c)
+            stamp(prof, bid, 7)
             mm(a2_hi, a2_lo, t1_hi, t1_lo, u1)  # [X1 L10 X0; X3 L32 X2] = -[X10; X32]
 
+            stamp(prof, bid, 8)
             # level 2 operands: X11 = [X0 0; X10 X1], X22 = [X2 0; X32 X3]
             for r, c in T.Parallel(HALF, BLK):
                 if r < BLK:
@@ -279,11 +344,15 @@ def kkt_solve_v3_program(
                 split_store(dx_sh[HALF + r, c], x22_hi, x22_lo, r, c)
                 split_store(0.0, x22_hi, x22_lo, r, BLK + c)
                 split_store(dx_sh[HALF + BLK + r, c], x22_hi, x22_lo, BLK + r, BLK + c)
+            stamp(prof, bid, 9)
             mm(l21_hi, l21_lo, x11_hi, x11_lo, t2)  # L21 X11
+            stamp(prof, bid, 10)
             for r, c in T.Parallel(HALF, HALF):
                 split_store(t2[r, c], t2_hi, t2_lo, r, c)
+            stamp(prof, bid, 11)
             mm(x22_hi, x22_lo, t2_hi, t2_lo, u2)  # X22 L21 X11 = -X21
 
+            stamp(prof, bid, 12)
             # assemble A0 = [X11 0; X21 X22] (hi + lo is the exact fp32 value)
             for r, c in T.Parallel(HALF, HALF):
                 a_out[HALF + r, c] = T.cast(-u2[r, c], dtype)
@@ -296,6 +365,7 @@ def kkt_solve_v3_program(
                     a_out[HALF + r, HALF + c] = T.cast(x22_hi[r, c], dtype)
                 a_out[r, HALF + c] = T.cast(0.0, dtype)
 
+            stamp(prof, bid, 13)
             if start + C <= end:
                 T.copy(a_out, a0[0, start : start + C, bh, 0:C])
             else:
@@ -305,6 +375,36 @@ def kkt_solve_v3_program(
             for i in T.Parallel(C):
                 if start + i < end:
                     g_cumsum[0, start + i, bh] = gc_sh[i]
+            stamp(prof, bid, 14)
+
+    if profile:
+
+        @T.prim_func
+        def kkt_solve_v3_profile(
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            g: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            cu_seqlens: T.Tensor((ns,), "int32"),
+            chunk_indices: T.Tensor((nc, 2), "int32"),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            prof: T.Tensor((nc * h_v, len(PROFILE_STAMPS)), "int64"),
+        ):
+            body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, prof)
+
+        return kkt_solve_v3_profile
+
+    @T.prim_func
+    def kkt_solve_v3(
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        g: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_indices: T.Tensor((nc, 2), "int32"),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+    ):
+        body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, None)
 
     return kkt_solve_v3
 
