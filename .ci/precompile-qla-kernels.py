@@ -29,11 +29,10 @@ def variants() -> list[tuple[str, str, tuple]]:
     from qla_kernels.gdn.bwd_api import GRADS_FLAGS
 
     out: list[tuple[str, str, tuple]] = []
-    for dt in ("bfloat16", "float16"):
-        out.append((f"kkt v3 {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt)))
-        out.append((f"kkt v3h {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *KKT_IMPLS["v3h"][1])))
-        out.append((f"kkt v4 {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *KKT_IMPLS["v4"][1])))
-    out.append(("kkt v3s bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *KKT_IMPLS["v3s"][1])))
+    for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
+        for dt in ("bfloat16", "float16") if impl in ("v2", "v3", "v3h", "v4") else ("bfloat16",):
+            fname = "kkt_solve_kernel" if version == "v2" else "kkt_solve_v3_kernel"
+            out.append((f"kkt {impl} {dt}", fname, (HEAD_DIM, dt, *extra)))
     for impl in ("v3h", "v4"):  # profile builds (profile_fwd.profile_kkt)
         args = list(KKT_IMPLS[impl][1]) + [False] * (7 - len(KKT_IMPLS[impl][1]))
         args[4] = True
@@ -97,9 +96,9 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 def factory(name: str):
     from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk
-    from qla_kernels.gdn.fwd import fused_fwd, fused_fwd_ws, kkt_solve_v3
+    from qla_kernels.gdn.fwd import fused_fwd, fused_fwd_ws, kkt_solve, kkt_solve_v3
 
-    for mod in (kkt_solve_v3, fused_fwd_ws, fused_fwd, dstate_chain, chunk_grads, dvl_wk):
+    for mod in (kkt_solve, kkt_solve_v3, fused_fwd_ws, fused_fwd, dstate_chain, chunk_grads, dvl_wk):
         if hasattr(mod, name):
             return getattr(mod, name)
     raise KeyError(name)
