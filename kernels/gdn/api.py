@@ -28,9 +28,9 @@ from .plan import (
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
-# kkt_solve implementations: name -> (kernel version, its program's extra positional arguments). "v3h"
-# is the default: it passed tests/gpu/test_qla_kkt_v3.py on the H200 at 0.8x v3's and 0.42x v2's time
-# (NOTES.md, v5).
+# kkt_solve implementations: name -> (kernel version, its program's extra positional arguments). "v4" is
+# the default: it passed tests/gpu/test_qla_kkt_v3.py on the H200 at 0.82x v3h's time (0.584 against 0.711
+# ms at 16/64 x 8192x4; NOTES.md, session 7); v3h was 0.8x v3's and 0.42x v2's (NOTES.md, v5).
 KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v2": ("v2", ()),
     "v2-scan": ("v2", (True,)),  # v2 with v3's parallel cumsum: for attributing v3's gain only
@@ -43,7 +43,7 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v4": ("v3", (True, 6, False, True, False, True, True)),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
-DEFAULT_KKT_IMPL = "v3h"
+DEFAULT_KKT_IMPL = "v4"
 
 # fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
 # state chain and output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found

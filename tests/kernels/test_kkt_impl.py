@@ -14,9 +14,9 @@ from qla_kernels.gdn.api import (
 from qla_kernels.gdn.checks import check_kkt_args
 
 
-def test_default_is_v3h_verified_on_the_h200(monkeypatch):
+def test_default_is_v4_verified_on_the_h200(monkeypatch):
     monkeypatch.delenv("QLA_KKT_IMPL", raising=False)
-    assert DEFAULT_KKT_IMPL == "v3h" and resolve_kkt_impl() == "v3h"
+    assert DEFAULT_KKT_IMPL == "v4" and resolve_kkt_impl() == "v4"  # session 7: 0.82x v3h's time
     assert {"v2", "v3"} <= set(KKT_IMPLS)
 
 
@@ -25,7 +25,7 @@ def test_env_and_argument(monkeypatch):
     assert resolve_kkt_impl() == "v2"
     assert resolve_kkt_impl("v3") == "v3"  # the explicit argument wins
     monkeypatch.setenv("QLA_KKT_IMPL", " ")
-    assert resolve_kkt_impl() == "v3h"
+    assert resolve_kkt_impl() == "v4"
 
 
 def test_fused_impl_selection(monkeypatch):
