@@ -41,6 +41,8 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # v3h with the lean scatter of L (the profile's 11 K of 27 K cycles), without and with the TMA K load
     "v3s": ("v3", (True, 6, False, True, False, True)),
     "v4": ("v3", (True, 6, False, True, False, True, True)),
+    # v4 with L's first 16 rows dropped (L00 parked inside): six CTAs per SM instead of five
+    "v5": ("v3", (True, 6, False, True, False, True, True, True)),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"

@@ -63,7 +63,7 @@ def profile_kkt(
     kf, gf, bf = (pack_tokens(x) for x in (k, g, beta))
     version, extra = KKT_IMPLS[impl]
     assert version == "v3", impl
-    args = list(extra) + [False] * (7 - len(extra))  # (precise, min_blocks, cpu_debug, hoist, profile, ...)
+    args = list(extra) + [False] * (8 - len(extra))  # (precise, min_blocks, cpu_debug, hoist, profile, ...)
     args[4] = True
     kernel = kkt_solve_v3_kernel(HEAD_DIM, _TL_DTYPE[k.dtype], *args)
     g_cumsum = torch.empty_like(gf)

@@ -116,7 +116,7 @@ def test_stage1_against_float64_and_v2(name):
     ref_gc, ref_a0 = exact_stage1(k, g, beta, offsets)
     h_v = g.shape[-1]
     # the timing-only variants are compiled for bf16 only (each variant x dtype is one JIT compile)
-    impls = ["v2", *NEW_IMPLS] if k.dtype == torch.bfloat16 else ["v2", "v3", "v4"]
+    impls = ["v2", *NEW_IMPLS] if k.dtype == torch.bfloat16 else ["v2", "v3", "v4", "v5"]
     got = {impl: chunk_kkt_solve(k, g, beta, cu_seqlens=cu, kkt_impl=impl) for impl in impls}
     torch.cuda.synchronize()
     errs = {}
@@ -138,7 +138,7 @@ def test_stage1_against_float64_and_v2(name):
         assert rel_l2(got[impl][1], got["v2"][1]) < 5e-3, impl
 
 
-FWD_IMPLS = ("v2", "v3", "v4")
+FWD_IMPLS = ("v2", "v3", "v4", "v5")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -187,7 +187,7 @@ def _time_config(h_qk, h_v, lens, flusher):
     row = {"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}"}
     for impl in ["v2", *NEW_IMPLS]:
         row[f"kkt_{impl}"] = _median_ms(lambda impl=impl: chunk_kkt_solve(k, g, beta, cu, kkt_impl=impl), flusher)
-    for impl in ("v3h", "v4"):
+    for impl in ("v3h", "v4", "v5"):
         row[f"fwd_{impl}"] = _median_ms(
             lambda impl=impl: chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu,
                                                          kkt_impl=impl), flusher)
@@ -211,7 +211,7 @@ def test_time_kkt_variants():
 
 
 def test_profile_kkt_phases():
-    """Not an assertion on speed: where a v3h and a v4 CTA spend their cycles (profile builds), and how many
+    """Not an assertion on speed: where a v4 and a v5 CTA spend their cycles (profile builds), and how many
     CTAs overlap per SM, on a many-sequence many-head config and one long few-head sequence. Written to
     $OUT/kkt_phases.json for NOTES.md."""
     from qla_kernels.gdn.profile_fwd import profile_kkt
@@ -219,7 +219,7 @@ def test_profile_kkt_phases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     clock_hz = 1.98e9  # the H200's SM clock under load (the harness's health rows read 1980 MHz)
     rows = []
-    for (h_qk, h_v, lens), impl in itertools.product(((16, 64, [8192] * 4), (2, 8, [32768])), ("v3h", "v4")):
+    for (h_qk, h_v, lens), impl in itertools.product(((16, 64, [8192] * 4), (2, 8, [32768])), ("v4", "v5")):
         t = sum(lens)
         gen = torch.Generator().manual_seed(7)
         k = F.normalize(torch.randn(1, t, h_qk, 128, generator=gen), dim=-1).bfloat16().cuda()

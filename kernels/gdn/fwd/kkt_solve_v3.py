@@ -59,6 +59,7 @@ def kkt_solve_v3_program(
     profile: bool = False,
     lean_scatter: bool = False,
     tma_k: bool = False,
+    fold_l00: bool = False,
 ):
     """TileLang program with kkt_solve_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values.
@@ -90,9 +91,14 @@ def kkt_solve_v3_program(
     copy into a padded fp32 L, and the operand splits read from L in their own layouts; the diagonal
     solves read L directly. tma_k=True (GPU only) loads the K tile with bulk copies on an mbarrier while
     the threads load g and beta, instead of bounds-checked vector loads.
+
+    fold_l00=True (with lean_scatter) keeps L's rows 16..63 only and parks the first diagonal block L00 in
+    rows 16..31, columns 48..63 of that buffer (zeros of L there, read by nothing else): 4.6 KiB less
+    shared memory, so six CTAs fit an SM instead of five (v4 ran 3.6 CTAs in flight per SM on the H200).
     """
     assert not (profile and cpu_debug)
     assert not (tma_k and cpu_debug)
+    assert not fold_l00 or lean_scatter
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -151,8 +157,15 @@ def kkt_solve_v3_program(
     alloc_acc = alloc_sh if cpu_debug else T.alloc_fragment
 
     def lblk(ld_sh, blk, i, j):
-        """L_bb[i, j] from ld_sh: all of L with lean_scatter, else the diagonal blocks stacked 16 wide."""
+        """L_bb[i, j] from ld_sh: all of L with lean_scatter (rows 16.. and L00 parked, with fold_l00), else
+        the diagonal blocks stacked 16 wide."""
+        if fold_l00:
+            return ld_sh[T.max(blk - 1, 0) * BLK + i, T.if_then_else(blk == 0, 3 * BLK, blk * BLK) + j]
         return ld_sh[blk * BLK + i, blk * BLK + j] if lean_scatter else ld_sh[blk * BLK + i, j]
+
+    def lrow(i):
+        """Row of L's row i in ld_sh (fold_l00 drops the first 16 rows)."""
+        return i - BLK if fold_l00 else i
 
     @T.macro
     def stamp(prof, bid, point):
@@ -190,7 +203,7 @@ def kkt_solve_v3_program(
             kk = alloc_acc((C, C), acc)
             # lean_scatter: all of L, rows padded (the fragment's pair stores hit 32 banks); else the diagonal
             # blocks of L, row i holds L[i, 16*(i//16) + c]
-            ld_sh = alloc_sh((C, C + LPAD), acc) if lean_scatter else alloc_sh((C, PAD), acc)
+            ld_sh = alloc_sh((C - BLK if fold_l00 else C, C + LPAD), acc) if lean_scatter else alloc_sh((C, PAD), acc)
             dx_sh = alloc_sh((C, PAD), acc)  # their inverses X_b in the same stacking
             if not cpu_debug:
                 col = T.alloc_local((BLK,), acc)
@@ -265,17 +278,28 @@ def kkt_solve_v3_program(
             if lean_scatter:
                 for i, j in T.Parallel(C, C):
                     kk[i, j] = T.if_then_else(i > j, kk[i, j] * b_sh[i], 0.0)
-                T.copy(kk, ld_sh[0:C, 0:C])
+                if fold_l00:  # two loops: an if/elif pair in one loop lowers wrongly (TileLang 0.1.15, seen
+                    # in the C backend: the elif's column test also guarded the first branch's stores)
+                    for i, j in T.Parallel(C, C):
+                        if i >= BLK and (i >= HALF or j < 3 * BLK):  # rows 16..31 leave columns 48.. to L00
+                            ld_sh[i - BLK, j] = kk[i, j]
+                    for i, j in T.Parallel(C, C):
+                        if i < BLK and j < BLK:
+                            ld_sh[i, 3 * BLK + j] = kk[i, j]
+                else:
+                    T.copy(kk, ld_sh[0:C, 0:C])
                 # A1 = blockdiag(L10, L32) and L21, every element of each written by its own loop
                 for r, c in T.Parallel(HALF, HALF):
                     split_store(
                         T.if_then_else(
-                            r // BLK == c // BLK, ld_sh[r // BLK * HALF + BLK + r % BLK, r // BLK * HALF + c % BLK], 0.0
+                            r // BLK == c // BLK,
+                            ld_sh[lrow(r // BLK * HALF + BLK + r % BLK), r // BLK * HALF + c % BLK],
+                            0.0,
                         ),
                         a1_hi, a1_lo, r, c,
                     )  # fmt: skip
                 for r, c in T.Parallel(HALF, HALF):
-                    split_store(ld_sh[HALF + r, c], l21_hi, l21_lo, r, c)
+                    split_store(ld_sh[lrow(HALF + r), c], l21_hi, l21_lo, r, c)
             else:
                 for i, j in T.Parallel(C, C):
                     if i // BLK == j // BLK:
