@@ -167,7 +167,7 @@ def test_bwd_grads_revision_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_grads_rev
 
     monkeypatch.delenv("QLA_BWD_GRADS", raising=False)
-    assert resolve_grads_rev() == "rev4"  # the fastest revision that passed on the H200 (session 6)
+    assert resolve_grads_rev() == "rev6"  # rev4's speed within 2 % and dv's rounding fixed (session 7)
     monkeypatch.setenv("QLA_BWD_GRADS", "rev3")
     assert resolve_grads_rev() == "rev3"
     monkeypatch.setenv("QLA_BWD_GRADS", "rev9")

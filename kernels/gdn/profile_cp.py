@@ -1,0 +1,127 @@
+"""Where the context-parallel forward (cp.py) spends its time, step by step, on the GPU.
+
+Session 4 measured CP slower than the plain forward, and slower the shorter its pieces (2/8 x 32768:
+0.97 ms at 64-chunk pieces, 3.5 ms at 16), the opposite of the cost model. This times each step on its
+own (kkt, state pass, combine, fused walk over the pieces) and the combine's host time, so the cause
+(kernel time or launch-bound host code) is measured rather than guessed. A development tool: its
+numbers go to NOTES.md.
+
+    python -m qla_kernels.gdn.profile_cp OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from .api import (
+    _TL_DTYPE,
+    _cp_plan,
+    _fused_kernel,
+    _launch_kkt,
+    _num_sms,
+    _plan,
+    chunk_gated_delta_rule_fwd,
+    pack_tokens,
+)
+from .checks import HEAD_DIM
+from .cp import combine
+from .plan import choose_block_v_ws
+
+
+def _events_ms(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def _host_ms(fn, reps: int = 20) -> float:
+    """Host time per call with the GPU never waited on inside the loop (launch cost)."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = (time.perf_counter() - t) * 1e3 / reps
+    torch.cuda.synchronize()
+    return host
+
+
+def cp_breakdown(h_qk: int, h_v: int, lens: list[int], pieces: list[int], seed: int = 0) -> dict:
+    """ms per step of the CP forward at each piece length (chunks), and the plain forward's."""
+    t = sum(lens)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(1, t, h_qk, HEAD_DIM, device="cuda", generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(1, t, h_qk, HEAD_DIM, device="cuda", generator=gen), dim=-1)
+    v = torch.randn(1, t, h_v, HEAD_DIM, device="cuda", generator=gen)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(1, t, h_v, device="cuda", generator=gen))
+    beta = torch.sigmoid(torch.randn(1, t, h_v, device="cuda", generator=gen))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    plan = _plan(q, cu)
+    qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
+    nsm = _num_sms(q.device)
+    g_cumsum, a0 = _launch_kkt("v4", kf, gf, bf, plan)
+    row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": "+".join(map(str, lens)),
+                 "plain_fwd": _events_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)),
+                 "kkt": _events_ms(lambda: _launch_kkt("v4", kf, gf, bf, plan))}
+    for piece in pieces:
+        cpp = _cp_plan(plan, h_v, nsm, True, piece)
+        if cpp is not None:
+            row[f"p{piece}"] = _piece_times(cpp, piece, (qf, kf, vf, g_cumsum, bf, a0), (q, k, v, g, beta, cu), nsm)
+    return row
+
+
+def _piece_times(cpp, piece: int, packed: tuple, inputs: tuple, nsm: int) -> dict:
+    """ms of each CP step at one piece length (cpp: the api's CPPlan for it)."""
+    from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
+
+    qf, kf, vf, g_cumsum, bf, a0 = packed
+    q, k, v, g, beta, cu = inputs
+    h_v, scale, dt = g.shape[-1], HEAD_DIM**-0.5, _TL_DTYPE[q.dtype]
+    n = cpp.num_pieces
+    hm = torch.empty(n, h_v, HEAD_DIM, 2 * HEAD_DIM, dtype=torch.float32, device="cuda")
+    bv_sp = choose_block_v_ws(2 * n, h_v, nsm)
+    sp = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, False, False, bv_sp, False, 5, True)
+    bv_f = choose_block_v_ws(n, h_v, nsm)
+    fused = _fused_kernel("ws6", scale, dt, True, False, bv_f)
+    o = torch.empty_like(vf)
+    ht = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
+    sp(qf, kf, vf, g_cumsum, bf, a0, cpp.cu_seqlens, hm)
+    init = combine(cpp, hm, None)
+    return {
+        "pieces": n, "links": len(cpp.links), "state_pass_bv": bv_sp, "fused_bv": bv_f,
+        "state_pass": _events_ms(lambda: sp(qf, kf, vf, g_cumsum, bf, a0, cpp.cu_seqlens, hm)),
+        "combine": _events_ms(lambda: combine(cpp, hm, None)),
+        "combine_host": _host_ms(lambda: combine(cpp, hm, None)),
+        "fused_over_pieces": _events_ms(lambda: fused(qf, kf, vf, g_cumsum, bf, a0, init, cpp.cu_seqlens, o, ht)),
+        "cp_fwd": _events_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True,
+                                                                cp_piece=piece)),
+    }  # fmt: skip
+
+
+def main(argv: list[str]) -> None:
+    path = argv[0] if argv else "cp_breakdown.json"
+    rows = [cp_breakdown(2, 8, [32768], [8, 16, 32, 64, 128]), cp_breakdown(4, 16, [32768], [16, 32, 64, 128]),
+            cp_breakdown(2, 8, [4096, 28672], [16, 32, 64])]
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "timer": "cuda events, no L2 flush, median of 20",
+                   "rows": rows}, f, indent=1)
+    for r in rows:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
