@@ -29,8 +29,20 @@ FusedOverPieces = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, tor
 """(piece cu_seqlens [P+1], piece initial states [P, H_v, K, V] fp32) -> (o, piece end states [P, H_v, K, V])."""
 
 
-def combine(cp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
-    """Initial state of every piece [P, H_v, K, V] from the prep pass's [h | M] and the sequences' h0."""
+# Up to this many links the combine runs one batched GEMM per link on views of hm and init (two kernel
+# launches a link); beyond it, one gather-GEMM-scatter per position over index tensors (about six launches
+# a position, whatever the number of sequences).
+MAX_VIEW_LINKS = 64
+
+
+def combine(
+    cp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None, max_view_links: int = MAX_VIEW_LINKS
+) -> torch.Tensor:
+    """Initial state of every piece [P, H_v, K, V] from the prep pass's [h | M] and the sequences' h0.
+
+    Each link is S_{p+1} = M_p S_p + h_p. Launch-bound on the GPU (the GEMMs are 128 x 128 x 128 per head),
+    so the short chains CP plans use are walked link by link on views (baddbmm into init[p + 1]), without
+    the gathers and scatters of the index-tensor form."""
     p, h_v, k, two_v = hm.shape
     v = two_v // 2
     if k != v:
@@ -39,6 +51,10 @@ def combine(cp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> torch.Tens
     init = torch.zeros(p, h_v, k, v, dtype=torch.float32, device=hm.device)
     if h0 is not None:
         init[cp.first_piece] = h0.float()
+    if cp.host_links and len(cp.host_links) <= max_view_links:
+        for p in cp.host_links:
+            torch.baddbmm(h[p], m[p], init[p], out=init[p + 1])
+        return init
     for sel in cp.links:
         init[sel + 1] = torch.matmul(m[sel], init[sel]) + h[sel]
     return init

@@ -195,6 +195,9 @@ class CPPlan:
     links: tuple[torch.Tensor, ...] = ()
     first_piece: torch.Tensor | None = None
     last_piece: torch.Tensor | None = None
+    # the same links as host ints, position-major (every piece's state is final before it is read), so the
+    # combine can run one GEMM per link on views instead of gathering and scattering through index tensors
+    host_links: tuple[int, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -221,15 +224,16 @@ def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device:
     def dev(x, dtype=torch.int32):
         return torch.tensor(x, dtype=dtype).to(device)
 
-    links = []
+    links, host_links = [], []
     for k in range(max(idx, default=-1) + 1):
         sel = [p for p in range(len(seq)) if idx[p] == k and p + 1 < first[seq[p] + 1]]
         if sel:
             links.append(dev(sel, torch.int64))
+            host_links.extend(sel)
     return CPPlan(decision=decision, cu_seqlens=dev(offs), piece_seq=dev(seq), piece_index=dev(idx),
                   seq_first_piece=dev(first), num_pieces=len(seq), num_seqs=len(cu) - 1,
                   max_piece_chunks=longest, links=tuple(links), first_piece=dev(first[:-1], torch.int64),
-                  last_piece=dev([f - 1 for f in first[1:]], torch.int64))
+                  last_piece=dev([f - 1 for f in first[1:]], torch.int64), host_links=tuple(host_links))
 
 
 _cache: OrderedDict[tuple, tuple[weakref.ref, CPPlan]] = OrderedDict()

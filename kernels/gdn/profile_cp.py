@@ -106,6 +106,8 @@ def _piece_times(cpp, piece: int, packed: tuple, inputs: tuple, nsm: int) -> dic
         "state_pass": _events_ms(lambda: sp(qf, kf, vf, g_cumsum, bf, a0, cpp.cu_seqlens, hm)),
         "combine": _events_ms(lambda: combine(cpp, hm, None)),
         "combine_host": _host_ms(lambda: combine(cpp, hm, None)),
+        "combine_index": _events_ms(lambda: combine(cpp, hm, None, max_view_links=0)),  # session 4's form
+        "combine_index_host": _host_ms(lambda: combine(cpp, hm, None, max_view_links=0)),
         "fused_over_pieces": _events_ms(lambda: fused(qf, kf, vf, g_cumsum, bf, a0, init, cpp.cu_seqlens, o, ht)),
         "cp_fwd": _events_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True,
                                                                 cp_piece=piece)),

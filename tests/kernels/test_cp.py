@@ -86,6 +86,21 @@ def test_combine_chains_transitions():
     s1 = m[0] @ h0[0] + h[0]
     assert torch.allclose(init[0], h0[0]) and torch.allclose(init[1], s1, atol=1e-5)
     assert torch.allclose(init[2], m[1] @ s1 + h[1], atol=1e-4)
+    assert cp.host_links == (0, 1)
+
+
+def test_combine_view_and_index_paths_agree():
+    """The per-link view walk (short chains) and the index-tensor walk give the same states, ragged batches
+    and a sequence that is not split included."""
+    cp = build_cp_plan([0, 64 * 5, 64 * 6, 64 * 9 + 3], CPDecision(2, 64, 0.0, 0.0), "cpu")
+    gen = torch.Generator().manual_seed(1)
+    hm = torch.randn(cp.num_pieces, 3, D, 2 * D, generator=gen) / D  # fp32, as the state pass writes it
+    h0 = torch.randn(3, 3, D, D, generator=gen)
+    assert cp.host_links == (0, 4, 1)  # position-major: piece 1 is final before piece 2 reads it
+    views = combine(cp, hm, h0)
+    index = combine(cp, hm, h0, max_view_links=0)
+    assert torch.allclose(views, index, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(views[2], torch.zeros_like(views[2]))  # a chained piece, really written
 
 
 def test_combine_rejects_k_not_v():
