@@ -36,23 +36,25 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .plan import CHUNK, ChunkPlan
+from .plan import CHUNK, ChunkPlan, choose_block_v_ws
 
 _CACHE_SIZE = 64
 
 
 @dataclass(frozen=True)
 class CPHeuristics:
-    """Every number the CP decision uses. Defaults: fused_step_us from the v2 measurements (NOTES.md:
-    2/8 1x32768 BV=32 1.954 ms / 512 chunks; BV=64 2.535 ms / 512; 16/32 8192x4 and 16/64 1x4096 at
-    BV=64 agree within 2 %); prep / combine are estimates until those kernels exist and are measured."""
+    """Every number the CP decision uses (session 7 refit, NOTES.md). fused_step_us: the ws6 fused kernel's
+    chunk step by V-slice width with at most one CTA per SM, from the whole forward less kkt_solve on the
+    H200 (2/8 1x32768: 1.56 us at 32, 1.88 at 64, 2.86 at 128; 16/32 1x32768 at 32: 1.62; 16/32 8192x4 at
+    128: 3.09). The state pass (ws rev 5's state_pass build, every piece twice: h from S = 0, M from S = I)
+    runs at the width the api picks for 2P pieces, prep_step_scale times the fused step there.
+    combine_link_us: one link S_{p+1} = M_p S_p + h_p of cp.combine's view walk (launch-bound)."""
 
-    fused_step_us: tuple[tuple[int, float], ...] = ((32, 3.82), (64, 4.90))
-    fused_ctas_per_sm: int = 1  # 161 KiB (BV=64) / 129 KiB (BV=32) of shared memory: one CTA per SM
-    prep_step_us: float = 4.0  # state-only pass per chunk with the transition M (estimate: ~0.8 fused step)
-    prep_ctas_per_sm: int = 1
-    combine_step_us: float = 3.5  # one link h <- h_t + M h of the chain per piece (estimate)
-    launch_us: float = 5.0  # per extra kernel launch (prep, combine)
+    fused_step_us: tuple[tuple[int, float], ...] = ((32, 1.6), (64, 2.0), (128, 3.0))
+    fused_ctas_per_sm: int = 1  # 100-200 KiB of shared memory per CTA: one per SM
+    prep_step_scale: float = 1.0
+    combine_link_us: float = 10.0
+    launch_us: float = 5.0  # per extra launch (state pass, fused walk over pieces)
     margin: float = 0.05  # CP must be predicted at least this much faster than no CP
     min_piece_chunks: int = 4
     max_piece_chunks: int = 512
@@ -108,30 +110,26 @@ def split_counts(chunks: int, piece: int | None) -> list[int]:
     return [piece] * full + ([rest] if rest else [])
 
 
-def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics) -> float:
+def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics, copies: int = 1) -> float:
     ways = 128 // block_v
-    runs = [(c * h.step_us(block_v), h_v * ways) for c in pieces]
+    runs = [(c * h.step_us(block_v), copies * h_v * ways) for c in pieces]
     return makespan(runs, num_sms * h.fused_ctas_per_sm)
 
 
 def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
                h: CPHeuristics = DEFAULT_HEURISTICS) -> tuple[float, int]:
-    """(predicted time, best V-slice width) for piece length `piece` (None: no CP)."""
+    """(predicted time, V-slice width of the fused walk) for piece length `piece` (None: no CP). The
+    widths are the api's own (plan.choose_block_v_ws), so the model prices what would run."""
     pieces = [p for c in chunks for p in split_counts(c, piece)]
-    best = min((_fused_us(pieces, h_v, bv, num_sms, h), bv) for bv in h.block_vs)
+    bv = choose_block_v_ws(len(pieces), h_v, num_sms)
+    fused = _fused_us(pieces, h_v, bv, num_sms, h)
     if piece is None or len(pieces) == len(chunks):
-        return best
-    prep, combine = [], []
-    for c in chunks:
-        parts = split_counts(c, piece)
-        if len(parts) == 1:
-            continue
-        warm = [p if h.assumed_warmup_chunks is None else min(p, h.assumed_warmup_chunks) for p in parts[:-1]]
-        prep.extend((w * h.prep_step_us, h_v) for w in warm)
-        combine.append((len(parts) * h.combine_step_us, h_v))
-    extra = (makespan(prep, num_sms * h.prep_ctas_per_sm) + makespan(combine, num_sms)
-             + 2 * h.launch_us)
-    return best[0] + extra, best[1]
+        return fused, bv
+    bv_sp = choose_block_v_ws(2 * len(pieces), h_v, num_sms)
+    warm = pieces if h.assumed_warmup_chunks is None else [min(p, h.assumed_warmup_chunks) for p in pieces]
+    prep = _fused_us(warm, h_v, bv_sp, num_sms, h, copies=2) * h.prep_step_scale
+    links = len(pieces) - len(chunks)
+    return fused + prep + links * h.combine_link_us + 2 * h.launch_us, bv
 
 
 @dataclass(frozen=True)

@@ -36,20 +36,21 @@ def test_split_counts():
     assert split_counts(70, 16) == [16] * 4 + [6]
 
 
-def test_baseline_reproduces_v2_measurements():
-    """No-CP predictions equal the measured v2 fused times the defaults were taken from (NOTES.md)."""
+def test_baseline_reproduces_ws6_measurements():
+    """No-CP predictions against the ws6 fused times the defaults were fitted to (whole forward less kkt,
+    NOTES.md session 7), at the width the api picks."""
     t, bv = predict_us([512], 8, 132, None)
-    assert bv == 32 and abs(t - 1954) / 1954 < 0.02  # 2/8 1x32768: 1.954 ms at BV=32
+    assert bv == 32 and abs(t - 813) / 813 < 0.03  # 2/8 1x32768: 0.893 - 0.080 ms
+    t, bv = predict_us([512], 32, 132, None)
+    assert bv == 32 and abs(t - 829) / 829 < 0.03  # 16/32 1x32768: 1.192 - 0.363 ms
     t, bv = predict_us([128] * 4, 32, 132, None)
-    assert bv == 64 and abs(t - 1236) / 1236 < 0.03  # 16/32 8192x4: 1.236 ms
-    t, bv = predict_us([64], 64, 132, None)
-    assert bv == 64 and abs(t - 315) / 315 < 0.02  # 16/64 1x4096: 0.315 ms
+    assert bv == 128 and abs(t - 395) / 395 < 0.05  # 16/32 8192x4: 0.758 - 0.363 ms
 
 
 def test_decisions_on_the_notes_configs():
     one_long_few_heads = choose_cp([512], 8, 132)  # 2/8 1x32768: 16 CTAs without CP
     assert one_long_few_heads.piece_chunks is not None
-    assert one_long_few_heads.predicted_us < 0.5 * one_long_few_heads.baseline_us
+    assert one_long_few_heads.predicted_us < 0.6 * one_long_few_heads.baseline_us
     assert choose_cp([64], 64, 132).piece_chunks is None  # 16/64 1x4096: 128 CTAs already
     assert choose_cp([128] * 4, 32, 132).piece_chunks is None  # 16/32 8192x4: 256 CTAs
     assert choose_cp([16] * 8, 8, 132).piece_chunks is None  # short sequences: nothing to split
