@@ -55,7 +55,7 @@ def test_modes_and_flags(monkeypatch):
     assert b.modes == ("fwd", "bwd", "train")
     flags = b.env_flags()
     assert "TileLang" in flags["qla_bwd"]
-    assert flags["qla_fused"].startswith("auto (ws5") and flags["qla_kkt"] == "v3h" and flags["qla_cp"] == "off"
+    assert flags["qla_fused"].startswith("auto (ws6") and flags["qla_kkt"] == "v4" and flags["qla_cp"] == "off"
     monkeypatch.setenv("QLA_KKT_IMPL", "v3")
     monkeypatch.setenv("QLA_FUSED_IMPL", "v2")
     monkeypatch.setenv("QLA_CP", "1")
