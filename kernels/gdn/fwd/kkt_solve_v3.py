@@ -1,4 +1,4 @@
-"""Stage 1, v3 (prepared on CPU, not yet run on a GPU): chunk-local cumsum of g and
+"""Stage 1, v3 and its revisions (v3h, v4 the default, v5; all checked on the H200): chunk-local cumsum of g and
 
     A0 = (I + StrictLower(diag(beta) K K^T))^-1
 
@@ -95,6 +95,7 @@ def kkt_solve_v3_program(
     fold_l00=True (with lean_scatter) keeps L's rows 16..63 only and parks the first diagonal block L00 in
     rows 16..31, columns 48..63 of that buffer (zeros of L there, read by nothing else): 4.6 KiB less
     shared memory, so six CTAs fit an SM instead of five (v4 ran 3.6 CTAs in flight per SM on the H200).
+    Measured there (session 7): v4's time and v4's CTAs in flight, so shared memory was not the limit.
     """
     assert not (profile and cpu_debug)
     assert not (tma_k and cpu_debug)
