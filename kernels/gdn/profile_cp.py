@@ -116,8 +116,8 @@ def _piece_times(cpp, piece: int, packed: tuple, inputs: tuple, nsm: int) -> dic
 
 def main(argv: list[str]) -> None:
     path = argv[0] if argv else "cp_breakdown.json"
-    rows = [cp_breakdown(2, 8, [32768], [8, 16, 32, 64, 128]), cp_breakdown(4, 16, [32768], [16, 32, 64, 128]),
-            cp_breakdown(2, 8, [4096, 28672], [16, 32, 64])]
+    rows = [cp_breakdown(2, 8, [32768], [16, 32, 64, 128]), cp_breakdown(4, 16, [32768], [32, 64]),
+            cp_breakdown(2, 8, [4096, 28672], [64])]
     with open(path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "timer": "cuda events, no L2 flush, median of 20",
                    "rows": rows}, f, indent=1)
