@@ -46,14 +46,19 @@ class CPHeuristics:
     """Every number the CP decision uses (session 7 refit, NOTES.md). fused_step_us: the ws6 fused kernel's
     chunk step by V-slice width with at most one CTA per SM, from the whole forward less kkt_solve on the
     H200 (2/8 1x32768: 1.56 us at 32, 1.88 at 64, 2.86 at 128; 16/32 1x32768 at 32: 1.62; 16/32 8192x4 at
-    128: 3.09). The state pass (ws rev 5's state_pass build, every piece twice: h from S = 0, M from S = I)
-    runs at the width the api picks for 2P pieces, prep_step_scale times the fused step there.
-    combine_link_us: one link S_{p+1} = M_p S_p + h_p of cp.combine's view walk (launch-bound)."""
+    128: 3.09). piece_setup_us: what a CTA walking a piece costs beyond its steps (initial state load,
+    pipeline fill; 14-25 us fitted from the fused walk over 4-32 pieces). The state pass (ws rev 5's
+    state_pass build, every piece twice: h from S = 0, M from S = I) runs at the width the api picks for
+    2P pieces, prep_step_scale times the fused step there (0.79-0.83 measured). combine_link_us: one link
+    S_{p+1} = M_p S_p + h_p of cp.combine's view walk, host-bound (40 us a link on the H200 host: the
+    host's launch cost, not the GPU's), which overlaps the state pass already queued on the GPU. Together
+    these reproduce profile_cp's measured CP forward within 10 % (2/8 and 4/16 x 32768, 4-32 pieces)."""
 
     fused_step_us: tuple[tuple[int, float], ...] = ((32, 1.6), (64, 2.0), (128, 3.0))
     fused_ctas_per_sm: int = 1  # 100-200 KiB of shared memory per CTA: one per SM
-    prep_step_scale: float = 1.0
-    combine_link_us: float = 10.0
+    piece_setup_us: float = 20.0
+    prep_step_scale: float = 0.8
+    combine_link_us: float = 40.0
     launch_us: float = 5.0  # per extra launch (state pass, fused walk over pieces)
     margin: float = 0.05  # CP must be predicted at least this much faster than no CP
     min_piece_chunks: int = 4
@@ -110,9 +115,10 @@ def split_counts(chunks: int, piece: int | None) -> list[int]:
     return [piece] * full + ([rest] if rest else [])
 
 
-def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics, copies: int = 1) -> float:
+def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics, copies: int = 1,
+              scale: float = 1.0, setup_us: float = 0.0) -> float:
     ways = 128 // block_v
-    runs = [(c * h.step_us(block_v), copies * h_v * ways) for c in pieces]
+    runs = [(c * h.step_us(block_v) * scale + setup_us, copies * h_v * ways) for c in pieces]
     return makespan(runs, num_sms * h.fused_ctas_per_sm)
 
 
@@ -122,14 +128,15 @@ def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
     widths are the api's own (plan.choose_block_v_ws), so the model prices what would run."""
     pieces = [p for c in chunks for p in split_counts(c, piece)]
     bv = choose_block_v_ws(len(pieces), h_v, num_sms)
-    fused = _fused_us(pieces, h_v, bv, num_sms, h)
     if piece is None or len(pieces) == len(chunks):
-        return fused, bv
+        return _fused_us(pieces, h_v, bv, num_sms, h), bv
+    fused = _fused_us(pieces, h_v, bv, num_sms, h, setup_us=h.piece_setup_us)
     bv_sp = choose_block_v_ws(2 * len(pieces), h_v, num_sms)
     warm = pieces if h.assumed_warmup_chunks is None else [min(p, h.assumed_warmup_chunks) for p in pieces]
-    prep = _fused_us(warm, h_v, bv_sp, num_sms, h, copies=2) * h.prep_step_scale
+    prep = _fused_us(warm, h_v, bv_sp, num_sms, h, copies=2, scale=h.prep_step_scale, setup_us=h.piece_setup_us)
     links = len(pieces) - len(chunks)
-    return fused + prep + links * h.combine_link_us + 2 * h.launch_us, bv
+    # the combine's host-bound launches overlap the state pass the GPU is already running
+    return fused + max(prep, links * h.combine_link_us) + 2 * h.launch_us, bv
 
 
 @dataclass(frozen=True)
