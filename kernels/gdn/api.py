@@ -235,7 +235,8 @@ def chunk_gated_delta_rule_fwd(
             return hm
 
         o, ht = run_cp(cpp, initial_state if use_h0 else None, state_pass,
-                       lambda cu, init: run_fused(cu, cpp.num_pieces, init, True))
+                       lambda cu, init: run_fused(cu, cpp.num_pieces, init, True),
+                       _combine_kernel if resolve_cp_combine() == "kernel" else None)
     if b != 1:  # packed [1, B*T, ...] back to [B, T, ...] (B = 1 is that shape already)
         o, g_cumsum, a0 = o.view(b, t, h_v, HEAD_DIM), g_cumsum.view(b, t, h_v), a0.view(b, t, h_v, CHUNK)
     return FwdOutput(o=o, final_state=ht if output_final_state else None, g_cumsum=g_cumsum, a0=a0)
@@ -261,6 +262,28 @@ def chunk_kkt_solve(
 
 
 CP_ENV = "QLA_CP"
+# how CP's combine runs: "views" (default; cp.combine's host walk, one batched GEMM launch per link, ~40 us
+# of host time a link on the H200 host) or "kernel" (fwd/cp_combine.py, one launch for the whole combine;
+# prepared in session 7, CPU-checked, NOT yet run on a GPU)
+CP_COMBINE_IMPLS = ("views", "kernel")
+CP_COMBINE_ENV = "QLA_CP_COMBINE"
+DEFAULT_CP_COMBINE = "views"
+
+
+def resolve_cp_combine() -> str:
+    """$QLA_CP_COMBINE, else DEFAULT_CP_COMBINE."""
+    return _resolve(None, "", CP_COMBINE_ENV, DEFAULT_CP_COMBINE, CP_COMBINE_IMPLS)
+
+
+def _combine_kernel(cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
+    """cp.combine's result from one launch of fwd/cp_combine.py."""
+    from .fwd.cp_combine import BLOCK_V, cp_combine_kernel
+
+    p, h_v, k, two_v = hm.shape
+    init = torch.empty(p, h_v, k, two_v // 2, dtype=torch.float32, device=hm.device)
+    h0_ = h0.float().contiguous() if h0 is not None else _dummy_state(h_v, hm.device)
+    cp_combine_kernel(HEAD_DIM, HEAD_DIM, BLOCK_V, h0 is not None)(hm, h0_, cpp.seq_first_piece, init)
+    return init
 
 
 def resolve_cp() -> bool:

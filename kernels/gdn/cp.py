@@ -26,6 +26,8 @@ StatePass = Callable[[torch.Tensor], torch.Tensor]
 """piece cu_seqlens [P+1] -> hm [P, H_v, K, 2V] fp32: [h | M] per piece."""
 
 FusedOverPieces = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Combine = Callable[["CPPlan", torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+"""(plan, hm, h0 or None) -> the initial state of every piece [P, H_v, K, V] fp32."""
 """(piece cu_seqlens [P+1], piece initial states [P, H_v, K, V] fp32) -> (o, piece end states [P, H_v, K, V])."""
 
 
@@ -61,12 +63,14 @@ def combine(
 
 
 def run_cp(
-    cp: CPPlan, h0: torch.Tensor | None, state_pass: StatePass, fused: FusedOverPieces
+    cp: CPPlan, h0: torch.Tensor | None, state_pass: StatePass, fused: FusedOverPieces,
+    combine_fn: Combine | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, final_state [N, H_v, K, V]) of the whole batch, computed piece-parallel."""
+    """(o, final_state [N, H_v, K, V]) of the whole batch, computed piece-parallel. combine_fn replaces the
+    host walk (combine) with another implementation of it (api: the one-kernel combine)."""
     if not cp.enabled or cp.last_piece is None:
         raise ValueError("run_cp needs a CP plan with pieces (cp_plan.plan_cp decided against CP)")
     hm = state_pass(cp.cu_seqlens)
-    init = combine(cp, hm, h0)
+    init = (combine_fn or combine)(cp, hm, h0)
     o, piece_states = fused(cp.cu_seqlens, init)
     return o, piece_states[cp.last_piece]

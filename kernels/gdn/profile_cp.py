@@ -12,6 +12,7 @@ numbers go to NOTES.md.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -20,6 +21,8 @@ import torch
 
 from .api import (
     _TL_DTYPE,
+    CP_COMBINE_ENV,
+    _combine_kernel,
     _cp_plan,
     _fused_kernel,
     _launch_kkt,
@@ -108,10 +111,25 @@ def _piece_times(cpp, piece: int, packed: tuple, inputs: tuple, nsm: int) -> dic
         "combine_host": _host_ms(lambda: combine(cpp, hm, None)),
         "combine_index": _events_ms(lambda: combine(cpp, hm, None, max_view_links=0)),  # session 4's form
         "combine_index_host": _host_ms(lambda: combine(cpp, hm, None, max_view_links=0)),
+        "combine_kernel": _events_ms(lambda: _combine_kernel(cpp, hm, None)),  # fwd/cp_combine.py
         "fused_over_pieces": _events_ms(lambda: fused(qf, kf, vf, g_cumsum, bf, a0, init, cpp.cu_seqlens, o, ht)),
         "cp_fwd": _events_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True,
                                                                 cp_piece=piece)),
+        "cp_fwd_kernel_combine": _with_env(CP_COMBINE_ENV, "kernel", lambda: _events_ms(
+            lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True, cp_piece=piece))),
     }  # fmt: skip
+
+
+def _with_env(name: str, value: str, fn):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 def main(argv: list[str]) -> None:

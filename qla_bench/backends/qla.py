@@ -111,7 +111,7 @@ class QlaBackend(Backend):
         fused = api.resolve_fused_impl()
         flags["qla_fused"] = f"auto ({plan.WS_IMPL}, V-slice by config)" if fused == "auto" else fused
         flags["qla_kkt"] = api.resolve_kkt_impl()
-        flags["qla_cp"] = "on" if api.resolve_cp() else "off"
+        flags["qla_cp"] = f"on (combine: {api.resolve_cp_combine()})" if api.resolve_cp() else "off"
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         flags["qla_bwd_states"] = bwd_api.resolve_states_impl()
         flags["qla_bwd_grads"] = bwd_api.resolve_grads_rev()

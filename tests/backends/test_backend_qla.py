@@ -49,7 +49,7 @@ def _install(install_module, calls):
 
 def test_modes_and_flags(monkeypatch):
     pytest.importorskip("qla_kernels.gdn.api")
-    for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP"):
+    for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE"):
         monkeypatch.delenv(var, raising=False)
     b = QlaBackend()
     assert b.modes == ("fwd", "bwd", "train")
@@ -59,7 +59,10 @@ def test_modes_and_flags(monkeypatch):
     monkeypatch.setenv("QLA_KKT_IMPL", "v3")
     monkeypatch.setenv("QLA_FUSED_IMPL", "v2")
     monkeypatch.setenv("QLA_CP", "1")
-    assert (b.env_flags()["qla_kkt"], b.env_flags()["qla_fused"], b.env_flags()["qla_cp"]) == ("v3", "v2", "on")
+    assert (b.env_flags()["qla_kkt"], b.env_flags()["qla_fused"], b.env_flags()["qla_cp"]) == (
+        "v3", "v2", "on (combine: views)")
+    monkeypatch.setenv("QLA_CP_COMBINE", "kernel")
+    assert b.env_flags()["qla_cp"] == "on (combine: kernel)"
 
 
 def test_bwd_and_train_map_the_six_gradients(make_inputs, naive_gdn_grads, install_module):

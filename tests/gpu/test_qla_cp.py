@@ -66,8 +66,32 @@ def test_state_pass_gives_h_and_m():
     assert eh <= TOL and em <= TOL, (eh, em)
 
 
+def test_combine_kernel_matches_the_host_walk():
+    """fwd/cp_combine.py (one launch) against cp.combine (the host walk) on a real state pass's [h | M]."""
+    from qla_kernels.gdn.api import _combine_kernel
+    from qla_kernels.gdn.cp import combine
+    from qla_kernels.gdn.cp_plan import CPDecision, build_cp_plan
+
+    (q, k, v, g, beta), s0 = make_inputs(1, 2048, 2, 8, seed=9, n=2)
+    cu_host = [0, 700, 2048]
+    cp = build_cp_plan(cu_host, CPDecision(4, 64, 0.0, 0.0), "cuda")
+    g_cumsum, a0 = chunk_kkt_solve(k, g, beta, cu_seqlens=torch.tensor(cu_host, dtype=torch.int32, device="cuda"))
+    hm = torch.empty(cp.num_pieces, 8, 128, 256, dtype=torch.float32, device="cuda")
+    fused_fwd_ws_kernel(128, 128, 128**-0.5, "bfloat16", False, False, 128, False, 5, True)(
+        q, k, v, g_cumsum, beta, a0, cp.cu_seqlens, hm
+    )
+    for h0 in (s0, None):
+        host, kern = combine(cp, hm, h0), _combine_kernel(cp, hm, h0)
+        torch.cuda.synchronize()
+        err = rel_l2(kern, host.double().cpu())
+        print(f"\n[cp-combine-kernel] h0={h0 is not None}: vs host walk {err:.2e}")
+        assert err < 1e-5, err  # 3xTF32 products: fp32 level
+
+
+@pytest.mark.parametrize("combine_impl", ["views", "kernel"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_cp_forward_matches_reference(name):
+def test_cp_forward_matches_reference(name, combine_impl, monkeypatch):
+    monkeypatch.setenv("QLA_CP_COMBINE", combine_impl)
     q, k, v, g, beta, s0, cu, piece = _case(name)
     ref_o, ref_s = chunk_gated_delta_rule_ref(
         q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), initial_state=s0.cpu(), output_final_state=True,
@@ -80,7 +104,7 @@ def test_cp_forward_matches_reference(name):
     eo, es = rel_l2(out.o, ref_o), rel_l2(out.final_state, ref_s)
     worst = max(rel_l2(out.o[:, :, h], ref_o[:, :, h]) for h in range(v.shape[2]))
     d_o = rel_l2(out.o, plain.o)
-    print(f"\n[cp] {name}: o={eo:.2e} state={es:.2e} worst_head_o={worst:.2e} | vs plain o={d_o:.1e}")
+    print(f"\n[cp {combine_impl}] {name}: o={eo:.2e} state={es:.2e} worst_head_o={worst:.2e} | vs plain o={d_o:.1e}")
     assert eo <= TOL and es <= TOL, (eo, es)
     assert worst <= 2 * TOL, worst
     assert d_o < 5e-3

@@ -88,6 +88,16 @@ def test_kkt_solve_v3_hoisted_compiles():
     assert rep.registers <= 65536 // (128 * 6), rep.line()
 
 
+@pytest.mark.parametrize("use_h0", [True, False])
+def test_cp_combine_kernel_compiles(use_h0):
+    from qla_kernels.gdn.fwd.cp_combine import BLOCK_V, PASS_CONFIGS, cp_combine_program
+
+    rep = build_sm90a(cp_combine_program(128, 128, BLOCK_V, use_h0), PASS_CONFIGS)
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert "mma_sync" in rep.source  # the 3xTF32 products on tensor cores
+
+
 @pytest.mark.parametrize("block_v", [128, 64])
 def test_cp_state_pass_compiles(block_v):
     from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program

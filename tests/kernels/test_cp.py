@@ -103,6 +103,18 @@ def test_combine_view_and_index_paths_agree():
     assert not torch.equal(views[2], torch.zeros_like(views[2]))  # a chained piece, really written
 
 
+def test_combine_implementation_from_the_environment(monkeypatch):
+    from qla_kernels.gdn.api import resolve_cp_combine
+
+    monkeypatch.delenv("QLA_CP_COMBINE", raising=False)
+    assert resolve_cp_combine() == "views"  # the kernel is not yet measured on a GPU
+    monkeypatch.setenv("QLA_CP_COMBINE", "kernel")
+    assert resolve_cp_combine() == "kernel"
+    monkeypatch.setenv("QLA_CP_COMBINE", "graph")
+    with pytest.raises(ValueError, match=r"\$QLA_CP_COMBINE must be one of \['kernel', 'views'\]"):
+        resolve_cp_combine()
+
+
 def test_combine_rejects_k_not_v():
     cp = build_cp_plan([0, 128], CPDecision(1, 64, 0.0, 0.0), "cpu")
     with pytest.raises(ValueError, match="K == V"):

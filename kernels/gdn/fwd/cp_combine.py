@@ -1,0 +1,110 @@
+"""Context parallelism's combine step as one kernel (prepared in session 7; NOT yet run on a GPU).
+
+cp.combine walks each split sequence's pieces on the host, one batched GEMM launch per link
+S_{p+1} = M_p S_p + h_p. On the H200 host that costs ~40 us of launch time per link (NOTES.md, session 7):
+the whole combine of 2/8 x 32768 at 64-chunk pieces took 0.30 ms against 0.16 ms for the state pass and
+0.15 ms for the fused walk, and with shorter pieces it made CP slower than no CP. Here one CTA per
+(sequence, value head, V-slice of block_v columns) keeps its slice of S in registers and walks the
+sequence's pieces itself: per link it loads M_p [K, K] from the state pass's [h | M], splits M_p and S
+into tf32 hi + lo parts (3xTF32: lo*hi + hi*lo + hi*hi, fp32 accumulate, fp32-level products as in
+kkt_solve_v3) and adds h_p. One launch for the whole combine.
+
+cpu_debug=True builds the same program for TileLang's C backend (GEMMs as loops with mma.sync's tf32
+operand truncation), so its indexing runs against float64 on a CPU (tests/kernels/test_cp_combine_cpu.py).
+"""
+
+import tilelang  # no `from __future__ import annotations`: TVMScript reads the annotations' closure names
+import tilelang.language as T
+
+from .kkt_solve_v3 import _tf32_hi
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+THREADS = 128
+# sm_90a builds (ptxas -v): block_v = 64 needs 233-235 registers and no spills, 192 KiB of shared memory;
+# block_v = 32 spills 336 B (TileLang keeps the GEMM's whole K = 128 operand fragments in registers), and
+# 256 threads made both worse (255 registers, 12-412 B spilled). The api runs block_v = 64.
+BLOCK_V = 64
+
+
+def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, cpu_debug: bool = False):
+    """(hm [P, H_v, K, 2V] fp32, h0 [N, H_v, K, V] fp32, seq_first_piece [N+1] int32) -> init [P, H_v, K, V]:
+    the state at the start of every piece (h0, or zeros, for a sequence's first piece)."""
+    assert dk == dv, "the transition M is K x K and multiplies S [K, V]: K == V"
+    assert dv % block_v == 0
+    K = dk
+    nv = dv // block_v
+    h_v = T.dynamic("h_v")
+    np_ = T.dynamic("num_pieces")
+    nsp1 = T.dynamic("num_seqs_p1")  # a plain variable in a shape: launchers can only bind those
+    nh0 = T.dynamic("num_h0")
+    acc = "float32"
+
+    def tf32_operand(x):
+        """What mma.sync .tf32 reads from an fp32 register (the low 13 mantissa bits ignored)."""
+        return T.reinterpret(T.bitwise_and(T.reinterpret(x, "uint32"), T.uint32(0xFFFFE000)), "float32")
+
+    @T.macro
+    def mm(a, b, out, clear):
+        if cpu_debug:
+            for i, j in T.Parallel(a.shape[0], b.shape[1]):
+                if clear:
+                    out[i, j] = 0.0
+                for r in T.serial(a.shape[1]):
+                    out[i, j] = out[i, j] + tf32_operand(a[i, r]) * tf32_operand(b[r, j])
+        else:
+            T.gemm(a, b, out, clear_accum=clear)
+
+    def alloc_sh(shape):
+        return T.alloc_shared(shape, acc, scope="shared") if cpu_debug else T.alloc_shared(shape, acc)
+
+    alloc_acc = alloc_sh if cpu_debug else (lambda shape: T.alloc_fragment(shape, acc))
+
+    @T.prim_func
+    def cp_combine(
+        hm: T.Tensor((np_, h_v, K, 2 * dv), acc),
+        h0: T.Tensor((nh0, h_v, K, dv), acc),
+        seq_first_piece: T.Tensor((nsp1,), "int32"),
+        init: T.Tensor((np_, h_v, K, dv), acc),
+    ):
+        with T.Kernel((nsp1 - 1) * h_v * nv, threads=THREADS) as (bid,):
+            seq = T.alloc_var("int32", init=bid // (h_v * nv))
+            bh = T.alloc_var("int32", init=(bid // nv) % h_v)
+            v0 = T.alloc_var("int32", init=(bid % nv) * block_v)
+            first = T.alloc_var("int32", init=seq_first_piece[bid // (h_v * nv)])
+            links = T.alloc_var(
+                "int32", init=seq_first_piece[bid // (h_v * nv) + 1] - seq_first_piece[bid // (h_v * nv)] - 1
+            )
+            m_hi = alloc_sh((K, K))
+            m_lo = alloc_sh((K, K))
+            s_hi = alloc_sh((K, block_v))
+            s_lo = alloc_sh((K, block_v))
+            s = alloc_acc((K, block_v))  # the running state slice, S[:, v0:v0 + block_v]
+
+            if use_initial_state:
+                for i, j in T.Parallel(K, block_v):
+                    s[i, j] = h0[seq, bh, i, v0 + j]
+            else:
+                for i, j in T.Parallel(K, block_v):
+                    s[i, j] = 0.0
+            for i, j in T.Parallel(K, block_v):
+                init[first, bh, i, v0 + j] = s[i, j]
+            for p in T.serial(links):
+                # M_p, hi and lo parts; then S's, from the registers (S is overwritten by the GEMMs)
+                for i, j in T.Parallel(K, K):
+                    m_hi[i, j] = _tf32_hi(hm[first + p, bh, i, dv + j])
+                    m_lo[i, j] = hm[first + p, bh, i, dv + j] - _tf32_hi(hm[first + p, bh, i, dv + j])
+                for i, j in T.Parallel(K, block_v):
+                    s_hi[i, j] = _tf32_hi(s[i, j])
+                    s_lo[i, j] = s[i, j] - _tf32_hi(s[i, j])
+                mm(m_lo, s_hi, s, True)
+                mm(m_hi, s_lo, s, False)
+                mm(m_hi, s_hi, s, False)
+                for i, j in T.Parallel(K, block_v):
+                    s[i, j] = s[i, j] + hm[first + p, bh, i, v0 + j]
+                for i, j in T.Parallel(K, block_v):
+                    init[first + p + 1, bh, i, v0 + j] = s[i, j]
+
+    return cp_combine
+
+
+cp_combine_kernel = tilelang.jit(cp_combine_program, pass_configs=PASS_CONFIGS)
