@@ -1,11 +1,13 @@
-"""Intra-card context parallelism for the forward (prepared; kernels/NOTES.md, v5): long sequences are cut
+"""Intra-card context parallelism for the forward (off by default; kernels/NOTES.md, v5 and session 7): long
+sequences are cut
 into pieces of L chunks (cp_plan.py) that run side by side, each from the exact state at its start.
 
 Three steps, all on the device and with no host sync (the plan is built once per cu_seqlens):
 1. prep: one pass over every piece from S = 0 (its own end state h) and from S = I with V = 0 (its
    transition M, so that S_end = M S_start + h); the warp-specialised kernel's state_pass build;
 2. combine: walk each sequence's pieces in order, S_{p+1} = M_p S_p + h_p, starting from the
-   sequence's initial state (fp32 batched matmuls, one per position in the sequence);
+   sequence's initial state (fp32 batched GEMMs: one per link on views for short chains, one per position
+   over index tensors for long ones; or one kernel, fwd/cp_combine.py, with $QLA_CP_COMBINE=kernel);
 3. the fused forward over the pieces as if they were sequences, each from its S_p; the final state of a
    sequence is that of its last piece.
 Exact for every head (decaying or not): no gate-driven truncation of the history.
@@ -26,9 +28,10 @@ StatePass = Callable[[torch.Tensor], torch.Tensor]
 """piece cu_seqlens [P+1] -> hm [P, H_v, K, 2V] fp32: [h | M] per piece."""
 
 FusedOverPieces = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(piece cu_seqlens [P+1], piece initial states [P, H_v, K, V] fp32) -> (o, piece end states [P, H_v, K, V])."""
+
 Combine = Callable[["CPPlan", torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 """(plan, hm, h0 or None) -> the initial state of every piece [P, H_v, K, V] fp32."""
-"""(piece cu_seqlens [P+1], piece initial states [P, H_v, K, V] fp32) -> (o, piece end states [P, H_v, K, V])."""
 
 
 # Up to this many links the combine runs one batched GEMM per link on views of hm and init (two kernel
@@ -44,7 +47,14 @@ def combine(
 
     Each link is S_{p+1} = M_p S_p + h_p. Launch-bound on the GPU (the GEMMs are 128 x 128 x 128 per head),
     so the short chains CP plans use are walked link by link on views (baddbmm into init[p + 1]), without
-    the gathers and scatters of the index-tensor form."""
+    the gathers and scatters of the index-tensor form. No autograd: hm comes from a kernel and init only
+    feeds the fused kernel (which autograd does not see either), and `out=` refuses a graph when h0
+    requires grad."""
+    with torch.no_grad():
+        return _combine(cp, hm, h0, max_view_links)
+
+
+def _combine(cp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None, max_view_links: int) -> torch.Tensor:
     p, h_v, k, two_v = hm.shape
     v = two_v // 2
     if k != v:

@@ -1,11 +1,10 @@
 """Intra-card context parallelism (CP) planning: split long sequences into pieces of L chunks.
 
-Pure python/torch, tested on CPU; no kernel uses it yet (the CP state passes are the next kernel step,
-design/gdn.md). What is decided here, once per cu_seqlens (cached on the ChunkPlan, so a cache hit costs
-no host sync and no allocation):
+Pure python/torch, tested on CPU; api.py runs the plan through cp.py when CP is on. What is decided here,
+once per cu_seqlens (cached on the ChunkPlan, so a cache hit costs no host sync and no allocation):
 
 - whether to split at all and the piece length L (in 64-token chunks), by a cost model whose every
-  number is a field of CPHeuristics (data, to be refit from H200 measurements);
+  number is a field of CPHeuristics (data, refit from H200 measurements in session 7);
 - the V-slice width of the fused kernel under that split;
 - the pieces as device tensors: piece token offsets (the fused kernel's "sequences"), the sequence and
   index of every piece, and where each sequence's pieces start.
@@ -15,11 +14,14 @@ is per chunk) are the same with or without CP; only a sequence's last piece can 
 
 Cost model (times in microseconds; a pass is a list of CTA durations scheduled on num_sms x ctas_per_sm
 slots, longest first, and costs its makespan):
-    no CP : fused pass, one CTA per (sequence, head, V-slice), chunks x fused_step_us[BV]
-    CP    : prep pass    one CTA per (non-last piece, head): warm-up chunks x prep_step_us
-                         (worst case, the exact (h, M) of the whole piece, unless assumed_warmup_chunks)
-            combine pass one CTA per (split sequence, head): pieces x combine_step_us
-            fused pass   over the pieces, as above
+    no CP : fused pass, one CTA per (sequence, head, V-slice) at the api's width for N sequences,
+            chunks x fused_step_us[BV]
+    CP    : state pass   two CTAs per (piece, head, V-slice) (h and M) at the api's width for 2P pieces,
+                         chunks x prep_step_scale x fused_step_us[BV] + piece_setup_us (the whole piece,
+                         unless assumed_warmup_chunks)
+            combine      links x combine_link_us, host-bound, overlapping the state pass: max() of the two
+                         (past cp.MAX_VIEW_LINKS links the index form costs less per link: conservative)
+            fused pass   over the pieces at the api's width for P pieces, + piece_setup_us per CTA
             + launch_us per extra kernel
 CP is used when its best L beats no-CP by more than `margin`. FlashQLA's closed-form rule (their SM90
 fallback, design/gdn.md) is kept as flashqla_rule() for comparison.
@@ -52,7 +54,8 @@ class CPHeuristics:
     2P pieces, prep_step_scale times the fused step there (0.79-0.83 measured). combine_link_us: one link
     S_{p+1} = M_p S_p + h_p of cp.combine's view walk, host-bound (40 us a link on the H200 host: the
     host's launch cost, not the GPU's), which overlaps the state pass already queued on the GPU. Together
-    these reproduce profile_cp's measured CP forward within 10 % (2/8 and 4/16 x 32768, 4-32 pieces)."""
+    these reproduce profile_cp's measured CP forward within 7 % (2/8 and 4/16 x 32768, 4-32 pieces). They
+price the host walk: with $QLA_CP_COMBINE=kernel the combine costs less than modelled."""
 
     fused_step_us: tuple[tuple[int, float], ...] = ((32, 1.6), (64, 2.0), (128, 3.0))
     fused_ctas_per_sm: int = 1  # 100-200 KiB of shared memory per CTA: one per SM

@@ -73,6 +73,7 @@ def profile_kkt(
     for _ in range(2):  # the first launch loads the module
         kernel(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0, prof)
     torch.cuda.synchronize()
+    plain_gc, plain_a0 = _launch_kkt(impl, kf, gf, bf, plan)  # the profile build must compute the same
     cycles = prof.double().diff(dim=1).mean(0)
     times = []
     for _ in range(20):
@@ -90,4 +91,5 @@ def profile_kkt(
         "mean_cta_cycles": round(cycles.sum().item(), 1),
         "impl": impl,
         "kernel_ms": times[len(times) // 2],
+        "same_as_plain_build": bool(torch.equal(a0, plain_a0) and torch.equal(g_cumsum, plain_gc)),
     }

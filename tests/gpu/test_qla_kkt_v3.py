@@ -239,4 +239,5 @@ def test_profile_kkt_phases():
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kkt_phases.json"), "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(), "clock_hz_assumed": clock_hz, "rows": rows}, fh, indent=1)
-    assert all(r["mean_cta_cycles"] > 0 for r in rows)
+    # the stamps add barriers only: the profile build's A0 and g_cumsum are the plain build's, bit for bit
+    assert all(r["same_as_plain_build"] for r in rows), [(r["impl"], r["seqs"]) for r in rows]

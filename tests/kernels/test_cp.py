@@ -103,6 +103,16 @@ def test_combine_view_and_index_paths_agree():
     assert not torch.equal(views[2], torch.zeros_like(views[2]))  # a chained piece, really written
 
 
+def test_combine_takes_an_initial_state_that_requires_grad():
+    """The view walk writes with out=, which autograd refuses; combine runs without a graph (its output
+    only feeds a kernel), so a caller's h0 that requires grad must not make it raise."""
+    cp = build_cp_plan([0, 64 * 3], CPDecision(1, 64, 0.0, 0.0), "cpu")
+    hm = torch.randn(3, 2, D, 2 * D) / D
+    h0 = torch.randn(1, 2, D, D, requires_grad=True)
+    init = combine(cp, hm, h0)
+    assert not init.requires_grad and torch.allclose(init[0], h0[0].detach())
+
+
 def test_combine_implementation_from_the_environment(monkeypatch):
     from qla_kernels.gdn.api import resolve_cp_combine
 
