@@ -37,7 +37,7 @@ DEFAULT_DSTATE_REV = "rev3"
 # hoisted into registers and a shorter dg tail, "rev4" rev3 with the tiles and S brought in by TMA (GPU
 # only: TileLang's C backend has no TMA, so its CPU check is rev3's), "rev5" rev4 at 512 threads (one CTA
 # per SM either way: twice the warps for its element-wise passes and reductions). On the H200 (session 6)
-# all pass; at 16/32 1x32768 rev2 6.41 ms, rev3 3.58, rev4 3.16, rev5 3.20: rev4 is the default.
+# all pass; at 16/32 1x32768 rev2 6.41 ms, rev3 3.58, rev4 3.16, rev5 3.20: rev4 was the default until rev6.
 # $QLA_BWD_GRADS overrides the default.
 GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_beta_fp32) of bwd_chunk_grads_program
     "rev1": (256, False, False, False, False),
