@@ -55,17 +55,17 @@ def combine(
 
 
 def _combine(cp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None, max_view_links: int) -> torch.Tensor:
-    p, h_v, k, two_v = hm.shape
+    pieces, h_v, k, two_v = hm.shape
     v = two_v // 2
     if k != v:
         raise ValueError(f"context parallelism needs K == V (the transition is K x K), got K={k}, V={v}")
     h, m = hm[..., :v], hm[..., v:]
-    init = torch.zeros(p, h_v, k, v, dtype=torch.float32, device=hm.device)
+    init = torch.zeros(pieces, h_v, k, v, dtype=torch.float32, device=hm.device)
     if h0 is not None:
         init[cp.first_piece] = h0.float()
     if cp.host_links and len(cp.host_links) <= max_view_links:
-        for p in cp.host_links:
-            torch.baddbmm(h[p], m[p], init[p], out=init[p + 1])
+        for piece in cp.host_links:
+            torch.baddbmm(h[piece], m[piece], init[piece], out=init[piece + 1])
         return init
     for sel in cp.links:
         init[sel + 1] = torch.matmul(m[sel], init[sel]) + h[sel]
