@@ -275,14 +275,20 @@ def resolve_cp_combine() -> str:
     return _resolve(None, "", CP_COMBINE_ENV, DEFAULT_CP_COMBINE, CP_COMBINE_IMPLS)
 
 
-def _combine_kernel(cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
-    """cp.combine's result from one launch of fwd/cp_combine.py."""
+@functools.cache
+def _combine_launcher(use_h0: bool):
+    """The one-kernel combine's launcher, memoised like the other kernels'."""
     from .fwd.cp_combine import BLOCK_V, cp_combine_kernel
 
+    return launcher(cp_combine_kernel(HEAD_DIM, HEAD_DIM, BLOCK_V, use_h0))
+
+
+def _combine_kernel(cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
+    """cp.combine's result from one launch of fwd/cp_combine.py."""
     p, h_v, k, two_v = hm.shape
     init = torch.empty(p, h_v, k, two_v // 2, dtype=torch.float32, device=hm.device)
     h0_ = h0.float().contiguous() if h0 is not None else _dummy_state(h_v, hm.device)
-    cp_combine_kernel(HEAD_DIM, HEAD_DIM, BLOCK_V, h0 is not None)(hm, h0_, cpp.seq_first_piece, init)
+    _combine_launcher(h0 is not None)(hm, h0_, cpp.seq_first_piece, init)
     return init
 
 

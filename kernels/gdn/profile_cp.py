@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -34,21 +33,7 @@ from .api import (
 from .checks import HEAD_DIM
 from .cp import combine
 from .plan import choose_block_v_ws
-
-
-def _events_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+from .profile_fwd import median_event_ms
 
 
 def _host_ms(fn, reps: int = 20) -> float:
@@ -78,8 +63,8 @@ def cp_breakdown(h_qk: int, h_v: int, lens: list[int], pieces: list[int], seed: 
     nsm = _num_sms(q.device)
     g_cumsum, a0 = _launch_kkt("v4", kf, gf, bf, plan)
     row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": "+".join(map(str, lens)),
-                 "plain_fwd": _events_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)),
-                 "kkt": _events_ms(lambda: _launch_kkt("v4", kf, gf, bf, plan))}
+                 "plain_fwd": median_event_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)),
+                 "kkt": median_event_ms(lambda: _launch_kkt("v4", kf, gf, bf, plan))}
     for piece in pieces:
         cpp = _cp_plan(plan, h_v, nsm, True, piece)
         if cpp is not None:
@@ -106,16 +91,16 @@ def _piece_times(cpp, piece: int, packed: tuple, inputs: tuple, nsm: int) -> dic
     init = combine(cpp, hm, None)
     return {
         "pieces": n, "links": len(cpp.links), "state_pass_bv": bv_sp, "fused_bv": bv_f,
-        "state_pass": _events_ms(lambda: sp(qf, kf, vf, g_cumsum, bf, a0, cpp.cu_seqlens, hm)),
-        "combine": _events_ms(lambda: combine(cpp, hm, None)),
+        "state_pass": median_event_ms(lambda: sp(qf, kf, vf, g_cumsum, bf, a0, cpp.cu_seqlens, hm)),
+        "combine": median_event_ms(lambda: combine(cpp, hm, None)),
         "combine_host": _host_ms(lambda: combine(cpp, hm, None)),
-        "combine_index": _events_ms(lambda: combine(cpp, hm, None, max_view_links=0)),  # session 4's form
+        "combine_index": median_event_ms(lambda: combine(cpp, hm, None, max_view_links=0)),  # session 4's form
         "combine_index_host": _host_ms(lambda: combine(cpp, hm, None, max_view_links=0)),
-        "combine_kernel": _events_ms(lambda: _combine_kernel(cpp, hm, None)),  # fwd/cp_combine.py
-        "fused_over_pieces": _events_ms(lambda: fused(qf, kf, vf, g_cumsum, bf, a0, init, cpp.cu_seqlens, o, ht)),
-        "cp_fwd": _events_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True,
+        "combine_kernel": median_event_ms(lambda: _combine_kernel(cpp, hm, None)),  # fwd/cp_combine.py
+        "fused_over_pieces": median_event_ms(lambda: fused(qf, kf, vf, g_cumsum, bf, a0, init, cpp.cu_seqlens, o, ht)),
+        "cp_fwd": median_event_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True,
                                                                 cp_piece=piece)),
-        "cp_fwd_kernel_combine": _with_env(CP_COMBINE_ENV, "kernel", lambda: _events_ms(
+        "cp_fwd_kernel_combine": _with_env(CP_COMBINE_ENV, "kernel", lambda: median_event_ms(
             lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True, cp_piece=piece))),
     }  # fmt: skip
 

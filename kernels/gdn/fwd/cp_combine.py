@@ -16,7 +16,7 @@ operand truncation), so its indexing runs against float64 on a CPU (tests/kernel
 import tilelang  # no `from __future__ import annotations`: TVMScript reads the annotations' closure names
 import tilelang.language as T
 
-from .kkt_solve_v3 import _tf32_hi
+from .kkt_solve_v3 import _tf32_hi, tf32_loop_gemm
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 THREADS = 128
@@ -39,18 +39,10 @@ def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, 
     nh0 = T.dynamic("num_h0")
     acc = "float32"
 
-    def tf32_operand(x):
-        """What mma.sync .tf32 reads from an fp32 register (the low 13 mantissa bits ignored)."""
-        return T.reinterpret(T.bitwise_and(T.reinterpret(x, "uint32"), T.uint32(0xFFFFE000)), "float32")
-
     @T.macro
     def mm(a, b, out, clear):
         if cpu_debug:
-            for i, j in T.Parallel(a.shape[0], b.shape[1]):
-                if clear:
-                    out[i, j] = 0.0
-                for r in T.serial(a.shape[1]):
-                    out[i, j] = out[i, j] + tf32_operand(a[i, r]) * tf32_operand(b[r, j])
+            tf32_loop_gemm(a, b, out, clear)
         else:
             T.gemm(a, b, out, clear_accum=clear)
 

@@ -49,6 +49,22 @@ def _tf32_hi(x):
     return T.reinterpret(T.bitwise_and(bits + T.uint32(0x1000), T.uint32(0xFFFFE000)), "float32")
 
 
+def _tf32_operand(x):
+    """What mma.sync .tf32 reads from an fp32 register (the low 13 mantissa bits ignored)."""
+    return T.reinterpret(T.bitwise_and(T.reinterpret(x, "uint32"), T.uint32(0xFFFFE000)), "float32")
+
+
+@T.macro
+def tf32_loop_gemm(a, b, out, clear):
+    """CPU stand-in for T.gemm(a, b, out) on fp32 operands in cpu_debug builds: tf32 operand truncation as
+    mma.sync does it, fp32 sums."""
+    for i, j in T.Parallel(a.shape[0], b.shape[1]):
+        if clear:
+            out[i, j] = 0.0
+        for r in T.serial(a.shape[1]):
+            out[i, j] = out[i, j] + _tf32_operand(a[i, r]) * _tf32_operand(b[r, j])
+
+
 def kkt_solve_v3_program(
     dk: int,
     dtype: str,
@@ -121,29 +137,16 @@ def kkt_solve_v3_program(
         else:
             dst_hi[r, c] = x
 
-    def tf32_operand(x):
-        """What mma.sync .tf32 reads from an fp32 register (the low 13 mantissa bits ignored)."""
-        return T.reinterpret(T.bitwise_and(T.reinterpret(x, "uint32"), T.uint32(0xFFFFE000)), "float32")
-
-    @T.macro
-    def loop_gemm(a, b, out, clear):
-        """CPU stand-in for T.gemm(a, b, out) on fp32 operands (tf32 operand truncation, fp32 sums)."""
-        for i, j in T.Parallel(a.shape[0], b.shape[1]):
-            if clear:
-                out[i, j] = 0.0
-            for r in T.serial(a.shape[1]):
-                out[i, j] = out[i, j] + tf32_operand(a[i, r]) * tf32_operand(b[r, j])
-
     @T.macro
     def mm(a_hi, a_lo, b_hi, b_lo, out):
         """out = A B (fp32 accumulate), 3xTF32 when precise; small terms first."""
         if cpu_debug:
             if precise:
-                loop_gemm(a_lo, b_hi, out, True)
-                loop_gemm(a_hi, b_lo, out, False)
-                loop_gemm(a_hi, b_hi, out, False)
+                tf32_loop_gemm(a_lo, b_hi, out, True)
+                tf32_loop_gemm(a_hi, b_lo, out, False)
+                tf32_loop_gemm(a_hi, b_hi, out, False)
             else:
-                loop_gemm(a_hi, b_hi, out, True)
+                tf32_loop_gemm(a_hi, b_hi, out, True)
         elif precise:
             T.gemm(a_lo, b_hi, out, clear_accum=True)
             T.gemm(a_hi, b_lo, out)
