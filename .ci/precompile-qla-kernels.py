@@ -42,6 +42,10 @@ def variants() -> list[tuple[str, str, tuple]]:
             for use_h0 in (True, False):
                 args = (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, rev)
                 out.append((f"ws rev{rev} bv{bv} h0={use_h0}", "fused_fwd_ws_kernel", args))
+    for dt, use_h0, v_first in (("bfloat16", True, False), ("bfloat16", False, False), ("bfloat16", True, True),
+                                ("float16", True, False)):  # rev 7 as the forward tests and sweeps launch it
+        out.append((f"ws rev7 {dt} h0={use_h0} v_first={v_first}", "fused_fwd_ws7_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, v_first)))  # fmt: skip
     for use_h0 in (True, False):  # CP's one-kernel combine (api._combine_kernel)
         out.append((f"cp combine h0={use_h0}", "cp_combine_kernel", (HEAD_DIM, HEAD_DIM, 64, use_h0)))
     for bv in (128, 64, 32):
@@ -98,9 +102,11 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 def factory(name: str):
     from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk
-    from qla_kernels.gdn.fwd import cp_combine, fused_fwd, fused_fwd_ws, kkt_solve, kkt_solve_v3
+    from qla_kernels.gdn.fwd import cp_combine, fused_fwd, fused_fwd_ws, fused_fwd_ws7, kkt_solve, kkt_solve_v3
 
-    for mod in (kkt_solve, kkt_solve_v3, fused_fwd_ws, fused_fwd, cp_combine, dstate_chain, chunk_grads, dvl_wk):
+    modules = (kkt_solve, kkt_solve_v3, fused_fwd_ws, fused_fwd_ws7, fused_fwd, cp_combine, dstate_chain, chunk_grads,
+               dvl_wk)
+    for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)
     raise KeyError(name)

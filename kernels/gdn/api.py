@@ -18,6 +18,7 @@ from .cp_plan import CPPlan, plan_cp
 from .plan import (
     BLOCK_V_CHOICES,
     CHUNK,
+    WS7_BLOCK_V,
     ChunkPlan,
     choose_block_v,
     choose_block_v_ws,
@@ -52,8 +53,9 @@ DEFAULT_KKT_IMPL = "v4"
 # by the profile build; fastest on every config measured on the H200); "ws6" ws5 with beta applied to W
 # before its rounding instead of to Ag (on the H200: ws5's speed, and an error at or below FLA's on every
 # edge case, where ws5's one-token final state was 1.14-1.25x FLA's); "auto" (plan.choose_fused) runs
-# ws6 with the V-slice width for the config.
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "auto")
+# ws6 with the V-slice width for the config; "ws7" keeps the state transposed in one warpgroup's registers
+# so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only).
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "auto")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
 
@@ -100,6 +102,10 @@ def launcher(kernel):
 @functools.cache
 def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
     """The launcher of a fused kernel, memoised (TileLang's own lookup cost ~2.5 us per call)."""
+    if impl == "ws7":
+        from .fwd.fused_fwd_ws7 import fused_fwd_ws7_kernel
+
+        return launcher(fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first))
     if impl in ("ws", "ws5", "ws6"):
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
@@ -192,6 +198,8 @@ def chunk_gated_delta_rule_fwd(
                          f"{shape.batch * shape.seqlen * shape.h_v}")
     if block_v is not None and block_v not in BLOCK_V_CHOICES:
         raise ValueError(f"block_v must be one of {BLOCK_V_CHOICES}, got {block_v!r}")
+    if fimpl == "ws7" and block_v not in (None, WS7_BLOCK_V):
+        raise ValueError(f"block_v must be {WS7_BLOCK_V} (or None) with fused_impl='ws7', got {block_v!r}")
     if q.device.type != "cuda":
         raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
 
@@ -215,6 +223,8 @@ def chunk_gated_delta_rule_fwd(
         if f == "auto":
             f, planned_bv = choose_fused(n, h_v, nsm)
             bv = planned_bv if bv is None else bv
+        if f == "ws7":
+            bv = WS7_BLOCK_V  # its chain's M: the only width it has
         if bv is None:
             bv = (choose_block_v if f == "v2" else choose_block_v_ws)(n, h_v, nsm)  # ws, ws5: one rule
         _fused_kernel(f, scale, dt, use_h0_, state_v_first, bv)(qf, kf, vf, g_cumsum, bf, a0, h0_, cu, o_, ht_)

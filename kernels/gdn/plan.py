@@ -125,6 +125,9 @@ def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
     return 128
 
 
+# fused_fwd_ws7.py keeps S^T [BV, K] as a wgmma accumulator of one warpgroup, whose M is 64
+WS7_BLOCK_V = 64
+
 WS_IMPL = "ws6"
 
 

@@ -30,17 +30,26 @@ from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
 from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd  # noqa: E402
 
 BV_ALL = (128, 64, 32)
-WS_IMPLS = ("ws", "ws5", "ws6")
+WS_IMPLS = ("ws", "ws5", "ws6", "ws7")
 # ws6 rounds differently on purpose (beta applied to W before W's bf16 rounding): it is further from v2's
 # output than v2's own error (session 7: 5.7e-3 apart, both ~4e-3 from float64), so it is held to v2's
 # error instead of to v2's output
 ROUNDS_LIKE_V2 = ("ws", "ws5")
+# ws7 rounds as FLA does (beta V and beta exp(g) K rounded once, U and Wk formed before the chain): held to
+# 1.1x v2's error, issue 4's bound against FLA
+LOOSER_THAN_V2 = {"ws7": 1.1}
+
+
+def _widths(impl: str, all_widths: bool) -> tuple[int, ...]:
+    if impl == "ws7":
+        return (64,)  # its only width
+    return BV_ALL if all_widths else (128,)
 
 
 def _params():
     for impl in WS_IMPLS:
         for name, (_, _, _, _, _, dtype, h0) in CASES.items():
-            for bv in BV_ALL if (dtype == torch.bfloat16 and h0) else (128,):
+            for bv in _widths(impl, dtype == torch.bfloat16 and h0):
                 yield impl, name, bv
 
 
@@ -67,15 +76,17 @@ def test_ws_matches_reference_and_v2(impl, name, bv):
         assert d_o < 5e-3 and d_s < 5e-3, (d_o, d_s)
     else:
         v2_o, v2_s = rel_l2(v2.o, ref_o), rel_l2(v2.final_state, ref_s)
-        assert eo <= 1.02 * v2_o and es <= 1.02 * v2_s, (eo, v2_o, es, v2_s)
+        bound = LOOSER_THAN_V2.get(impl, 1.02)
+        assert eo <= bound * v2_o and es <= bound * v2_s, (eo, v2_o, es, v2_s)
 
 
-def test_ws_state_v_first_is_the_transpose():
+@pytest.mark.parametrize("impl", ["ws", "ws7"])
+def test_ws_state_v_first_is_the_transpose(impl):
     (q, k, v, g, beta), s0 = make_inputs(1, 200, 2, 4, seed=7, n=2)
     cu = torch.tensor([0, 77, 200], dtype=torch.int32, device="cuda")
-    a = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl="ws")
+    a = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl=impl)
     bt = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0.transpose(-1, -2).contiguous(),
-                                    cu_seqlens=cu, state_v_first=True, fused_impl="ws")
+                                    cu_seqlens=cu, state_v_first=True, fused_impl=impl)
     assert rel_l2(bt.o, a.o) < 1e-6
     assert rel_l2(bt.final_state.transpose(-1, -2), a.final_state) < 1e-6
 
@@ -116,7 +127,7 @@ def test_time_fused_variants():
             row["v2"] = _median_ms(fwd(fused_impl="v2"), flusher)
             row["auto"] = _median_ms(fwd(fused_impl="auto"), flusher)
         for impl in timing_impls:
-            for bv in BV_ALL:
+            for bv in _widths(impl, True):
                 row[f"{impl}_bv{bv}"] = _median_ms(fwd(fused_impl=impl, block_v=bv), flusher)
         rows.append(row)
         print(f"[ws-timing] {h_qk}/{h_v} {row['seqs']}: " + " ".join(

@@ -80,6 +80,18 @@ def test_fused_fwd_ws_compiles(rev, block_v, profile):
         assert "clock64" in rep.source
 
 
+@pytest.mark.parametrize("use_h0", [True, False])
+def test_fused_fwd_ws7_compiles(use_h0):
+    """Rev 7's chain GEMMs take the state and the new values from registers (wgmma's rs form)."""
+    from qla_kernels.gdn.fwd.fused_fwd_ws7 import PASS_CONFIGS, fused_fwd_ws7_program
+
+    rep = build_sm90a(fused_fwd_ws7_program(128, 128, 128**-0.5, "bfloat16", use_h0), PASS_CONFIGS)
+    assert rep.source.count("wgmma_rs<") == 2, "the chain's two register-operand GEMMs"
+    assert "warpgroup_reg_alloc" in rep.source and "tma_store" in rep.source
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+
+
 def test_kkt_solve_v3_hoisted_compiles():
     from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program
 
