@@ -44,8 +44,9 @@ def variants() -> list[tuple[str, str, tuple]]:
                 out.append((f"ws rev{rev} bv{bv} h0={use_h0}", "fused_fwd_ws_kernel", args))
     for dt, use_h0, v_first in (("bfloat16", True, False), ("bfloat16", False, False), ("bfloat16", True, True),
                                 ("float16", True, False)):  # rev 7 as the forward tests and sweeps launch it
-        out.append((f"ws rev7 {dt} h0={use_h0} v_first={v_first}", "fused_fwd_ws7_kernel",
-                    (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, v_first)))  # fmt: skip
+        for rev in (7, 8):
+            out.append((f"ws rev{rev} {dt} h0={use_h0} v_first={v_first}", "fused_fwd_ws7_kernel",
+                        (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, v_first, rev == 8)))  # fmt: skip
     for use_h0 in (True, False):  # CP's one-kernel combine (api._combine_kernel)
         out.append((f"cp combine h0={use_h0}", "cp_combine_kernel", (HEAD_DIM, HEAD_DIM, 64, use_h0)))
     for bv in (128, 64, 32):

@@ -54,8 +54,10 @@ DEFAULT_KKT_IMPL = "v4"
 # before its rounding instead of to Ag (on the H200: ws5's speed, and an error at or below FLA's on every
 # edge case, where ws5's one-token final state was 1.14-1.25x FLA's); "auto" (plan.choose_fused) runs
 # ws6 with the V-slice width for the config; "ws7" keeps the state transposed in one warpgroup's registers
-# so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only).
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "auto")
+# so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7 with the
+# chain's first GEMMs asynchronous under its state publish and decay.
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "auto")
+TRANSPOSED_STATE_IMPLS = ("ws7", "ws8")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
 
@@ -102,10 +104,10 @@ def launcher(kernel):
 @functools.cache
 def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
     """The launcher of a fused kernel, memoised (TileLang's own lookup cost ~2.5 us per call)."""
-    if impl == "ws7":
+    if impl in TRANSPOSED_STATE_IMPLS:
         from .fwd.fused_fwd_ws7 import fused_fwd_ws7_kernel
 
-        return launcher(fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first))
+        return launcher(fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, impl == "ws8"))
     if impl in ("ws", "ws5", "ws6"):
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
@@ -198,8 +200,8 @@ def chunk_gated_delta_rule_fwd(
                          f"{shape.batch * shape.seqlen * shape.h_v}")
     if block_v is not None and block_v not in BLOCK_V_CHOICES:
         raise ValueError(f"block_v must be one of {BLOCK_V_CHOICES}, got {block_v!r}")
-    if fimpl == "ws7" and block_v not in (None, WS7_BLOCK_V):
-        raise ValueError(f"block_v must be {WS7_BLOCK_V} (or None) with fused_impl='ws7', got {block_v!r}")
+    if fimpl in TRANSPOSED_STATE_IMPLS and block_v not in (None, WS7_BLOCK_V):
+        raise ValueError(f"block_v must be {WS7_BLOCK_V} (or None) with fused_impl={fimpl!r}, got {block_v!r}")
     if q.device.type != "cuda":
         raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
 
@@ -223,7 +225,7 @@ def chunk_gated_delta_rule_fwd(
         if f == "auto":
             f, planned_bv = choose_fused(n, h_v, nsm)
             bv = planned_bv if bv is None else bv
-        if f == "ws7":
+        if f in TRANSPOSED_STATE_IMPLS:
             bv = WS7_BLOCK_V  # its chain's M: the only width it has
         if bv is None:
             bv = (choose_block_v if f == "v2" else choose_block_v_ws)(n, h_v, nsm)  # ws, ws5: one rule
@@ -272,12 +274,13 @@ def chunk_kkt_solve(
 
 
 CP_ENV = "QLA_CP"
-# how CP's combine runs: "views" (default; cp.combine's host walk, one batched GEMM launch per link, ~40 us
-# of host time a link on the H200 host) or "kernel" (fwd/cp_combine.py, one launch for the whole combine;
-# prepared in session 7, CPU-checked, NOT yet run on a GPU)
+# how CP's combine runs: "kernel" (default; fwd/cp_combine.py, one launch for the whole combine: on the
+# H200, session 8, 0.087 ms for 2/8 x 32768 in 8 pieces against the host walk's 0.40, equal to it within
+# tests/gpu/test_qla_cp.py's bounds) or "views" (cp.combine's host walk, one batched GEMM launch per link,
+# ~40 us of host time a link)
 CP_COMBINE_IMPLS = ("views", "kernel")
 CP_COMBINE_ENV = "QLA_CP_COMBINE"
-DEFAULT_CP_COMBINE = "views"
+DEFAULT_CP_COMBINE = "kernel"
 
 
 def resolve_cp_combine() -> str:

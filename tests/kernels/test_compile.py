@@ -80,12 +80,14 @@ def test_fused_fwd_ws_compiles(rev, block_v, profile):
         assert "clock64" in rep.source
 
 
-@pytest.mark.parametrize("use_h0", [True, False])
-def test_fused_fwd_ws7_compiles(use_h0):
-    """Rev 7's chain GEMMs take the state and the new values from registers (wgmma's rs form)."""
+@pytest.mark.parametrize(("use_h0", "overlap"), [(True, False), (False, False), (True, True)])
+def test_fused_fwd_ws7_compiles(use_h0, overlap):
+    """Rev 7's chain GEMMs take the state and the new values from registers (wgmma's rs form); rev 8
+    (overlap) waits for its first two only after the state publish."""
     from qla_kernels.gdn.fwd.fused_fwd_ws7 import PASS_CONFIGS, fused_fwd_ws7_program
 
-    rep = build_sm90a(fused_fwd_ws7_program(128, 128, 128**-0.5, "bfloat16", use_h0), PASS_CONFIGS)
+    rep = build_sm90a(fused_fwd_ws7_program(128, 128, 128**-0.5, "bfloat16", use_h0, False, overlap), PASS_CONFIGS)
+    assert ("wait_wgmma<0>" in rep.source) == overlap
     assert rep.source.count("wgmma_rs<") == 2, "the chain's two register-operand GEMMs"
     assert "warpgroup_reg_alloc" in rep.source and "tma_store" in rep.source
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()

@@ -54,9 +54,14 @@ def fused_fwd_ws7_program(
     dtype: str,
     use_initial_state: bool,
     state_v_first: bool = False,
+    overlap: bool = False,
 ):
     """TileLang program with fused_fwd_ws.fused_fwd_ws_program's signature and outputs (plain forward
-    only: no profile, state-pass or state-store builds); the V-slice is always 64 wide."""
+    only: no profile, state-pass or state-store builds); the V-slice is always 64 wide.
+
+    overlap=True (rev 8) issues the chain's first two GEMMs (U^T, then the state's product with -Wk^T)
+    without waiting, and publishes bf16(S^T) to s_sh and decays S^T while they run: both were on the
+    chain's critical path in rev 7 (the GEMMs read s_bf, which the store only reads too, and not S^T)."""
     C = CHUNK
     bv = BLOCK_V
     assert dv % bv == 0
@@ -141,14 +146,25 @@ def fused_fwd_ws7_program(
                 for c in T.serial(n_chunks):
                     st = c % 2
                     T.copy(s, s_bf)
+                    T.barrier_wait(prep_ready[st], (c // 2) % 2)  # also orders the reads of g_sh[st]
+                    if overlap:
+                        T.wgmma_gemm(v_sh[st, :, :], a_sh[st, :, :], x, transpose_A=True, transpose_B=True,
+                                     clear_accum=True)
+                        T.wgmma_gemm(s_bf, wk_sh[st, :, :], x, transpose_B=True)
                     if c > 0:
                         T.barrier_wait(qs_done, (c + 1) % 2)  # WG2 has read the last chunk's s_sh
                     T.copy(s_bf, s_sh)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
-                    T.barrier_wait(prep_ready[st], (c // 2) % 2)
-                    T.gemm(v_sh[st, :, :], a_sh[st, :, :], x, transpose_A=True, transpose_B=True, clear_accum=True)
-                    T.gemm(s_bf, wk_sh[st, :, :], x, transpose_B=True)
+                    gam[0] = T.exp2(g_sh[st, C - 1] * LOG2E)
+                    for i, j in T.Parallel(bv, dk):
+                        s[i, j] = s[i, j] * gam[0]
+                    if overlap:
+                        T.wait_wgmma(0)
+                    else:
+                        T.gemm(v_sh[st, :, :], a_sh[st, :, :], x, transpose_A=True, transpose_B=True,
+                               clear_accum=True)
+                        T.gemm(s_bf, wk_sh[st, :, :], x, transpose_B=True)
                     if c > 0:
                         T.barrier_wait(vn_done, (c + 1) % 2)  # WG2 has read the last chunk's vn_sh
                     T.copy(x, vn_sh)
@@ -157,9 +173,6 @@ def fused_fwd_ws7_program(
                     for i, j in T.Parallel(bv, C):
                         x[i, j] = x[i, j] * dr_sh[st, j]
                     T.copy(x, vd)
-                    gam[0] = T.exp2(g_sh[st, C - 1] * LOG2E)
-                    for i, j in T.Parallel(bv, dk):
-                        s[i, j] = s[i, j] * gam[0]
                     T.gemm(vd, k_sh[st, :, :], s)
                     T.barrier_arrive(empty[st])
                 for i, j in T.Parallel(bv, dk):
