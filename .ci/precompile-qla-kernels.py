@@ -44,9 +44,12 @@ def variants() -> list[tuple[str, str, tuple]]:
                 out.append((f"ws rev{rev} bv{bv} h0={use_h0}", "fused_fwd_ws_kernel", args))
     for dt, use_h0, v_first in (("bfloat16", True, False), ("bfloat16", False, False), ("bfloat16", True, True),
                                 ("float16", True, False)):  # rev 7 as the forward tests and sweeps launch it
-        for rev in (7, 8):
+        for rev in (7, 8, 9):
             out.append((f"ws rev{rev} {dt} h0={use_h0} v_first={v_first}", "fused_fwd_ws7_kernel",
-                        (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, v_first, rev == 8)))  # fmt: skip
+                        (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, v_first, rev >= 8, False, rev >= 9)))  # fmt: skip
+    for lean in (False, True):  # profile builds (profile_fwd.profile_fused_ws7)
+        out.append((f"ws rev{9 if lean else 8} profile", "fused_fwd_ws7_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, True, True, lean)))  # fmt: skip
     for use_h0 in (True, False):  # CP's one-kernel combine (api._combine_kernel)
         out.append((f"cp combine h0={use_h0}", "cp_combine_kernel", (HEAD_DIM, HEAD_DIM, 64, use_h0)))
     for bv in (128, 64, 32):

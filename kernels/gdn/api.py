@@ -55,9 +55,10 @@ DEFAULT_KKT_IMPL = "v4"
 # edge case, where ws5's one-token final state was 1.14-1.25x FLA's); "auto" (plan.choose_fused) runs
 # ws6 with the V-slice width for the config; "ws7" keeps the state transposed in one warpgroup's registers
 # so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7 with the
-# chain's first GEMMs asynchronous under its state publish and decay.
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "auto")
-TRANSPOSED_STATE_IMPLS = ("ws7", "ws8")
+# chain's first GEMMs asynchronous under its state publish and decay; "ws9" is ws8 with a leaner prep
+# warpgroup (Kb's gate factor per row, no negation pass).
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "auto")
+TRANSPOSED_STATE_IMPLS = ("ws7", "ws8", "ws9")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
 
@@ -107,7 +108,9 @@ def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first:
     if impl in TRANSPOSED_STATE_IMPLS:
         from .fwd.fused_fwd_ws7 import fused_fwd_ws7_kernel
 
-        return launcher(fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, impl == "ws8"))
+        rev = int(impl[2:])
+        return launcher(fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, rev >= 8, False,
+                                             rev >= 9))
     if impl in ("ws", "ws5", "ws6"):
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 

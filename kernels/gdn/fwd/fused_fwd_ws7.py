@@ -47,6 +47,19 @@ NREG_OUT = 128
 NREG_LOAD = 24
 
 
+# Phases timed by the profile build (clock64 cycles of each warpgroup's first thread, summed over the
+# chunks), in program order; the loads' phases are timed by the load warp's first lane.
+PHASES = (
+    ("cast S", "wait prep_ready", "issue U, S Wk", "wait qs_done", "S -> s_sh", "decay S", "U, S Wk done",
+     "wait vn_done", "Vnew -> vn_sh", "D_r, cast", "gemm Vd K"),
+    ("wait full", "D_r", "Ag", "Vb", "Kb", "gemm Wk", "-Wk -> wk_sh"),
+    ("wait full", "gemm Q K^T", "Pg, d2 -> p_sh", "wait s_ready", "gemm Q S", "O *= d2", "wait vn_ready",
+     "gemm Pg Vnew", "O store"),
+    ("wait empty", "TMA issue", "g, beta loads"),
+)
+NUM_PHASES = max(len(p) for p in PHASES)
+
+
 def fused_fwd_ws7_program(
     dk: int,
     dv: int,
@@ -55,13 +68,21 @@ def fused_fwd_ws7_program(
     use_initial_state: bool,
     state_v_first: bool = False,
     overlap: bool = False,
+    profile: bool = False,
+    lean_prep: bool = False,
 ):
     """TileLang program with fused_fwd_ws.fused_fwd_ws_program's signature and outputs (plain forward
     only: no profile, state-pass or state-store builds); the V-slice is always 64 wide.
 
     overlap=True (rev 8) issues the chain's first two GEMMs (U^T, then the state's product with -Wk^T)
     without waiting, and publishes bf16(S^T) to s_sh and decays S^T while they run: both were on the
-    chain's critical path in rev 7 (the GEMMs read s_bf, which the store only reads too, and not S^T)."""
+    chain's critical path in rev 7 (the GEMMs read s_bf, which the store only reads too, and not S^T).
+
+    profile=True is a measuring build with one more argument, prof [num_ctas, 4, NUM_PHASES] int64, where
+    each warpgroup adds up the clock64 cycles it spends in each phase of PHASES.
+
+    lean_prep=True (rev 9, with overlap) forms Kb's row factor -beta exp(g) once per row instead of per
+    element (64 exp2 a thread less) and so gets -Wk from the GEMM without a negation pass."""
     C = CHUNK
     bv = BLOCK_V
     assert dv % bv == 0
@@ -76,19 +97,16 @@ def fused_fwd_ws7_program(
     st_shape = (ns, h_v, dv, dk) if state_v_first else (ns, h_v, dk, dv)
     h0_shape = (nh0, h_v, dv, dk) if state_v_first else (nh0, h_v, dk, dv)
 
-    @T.prim_func
-    def fused_fwd_ws7(
-        q: T.Tensor((1, nt, h_qk, dk), dtype),
-        k: T.Tensor((1, nt, h_qk, dk), dtype),
-        v: T.Tensor((1, nt, h_v, dv), dtype),
-        g_cumsum: T.Tensor((1, nt, h_v), acc),
-        beta: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, C), dtype),
-        h0: T.Tensor(h0_shape, acc),
-        cu_seqlens: T.Tensor((ns + 1,), "int32"),
-        o: T.Tensor((1, nt, h_v, dv), dtype),
-        ht: T.Tensor(st_shape, acc),
-    ):
+    @T.macro
+    def tick(clk, spent, phase):
+        """End of a phase: add the cycles since the last tick to spent[phase] (profile builds only)."""
+        if profile:
+            now = T.call_extern("int64", "clock64")
+            spent[phase] = spent[phase] + (now - clk[0])
+            clk[0] = now
+
+    @T.macro
+    def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof):
         with T.Kernel(ns * h_v * nv, threads=4 * WG) as (bid,):
             seq = T.alloc_var("int32", init=bid // (h_v * nv))
             bh = T.alloc_var("int32", init=(bid // nv) % h_v)
@@ -109,6 +127,7 @@ def fused_fwd_ws7_program(
             wk_sh = T.alloc_shared((2, C, dk), dtype)  # -Wk
             dr_sh = T.alloc_shared((2, C), acc)  # D_r, zero past the sequence's end
             kb_sh = T.alloc_shared((C, dk), dtype)  # WG1's scratch: Kb
+            kf_sh = T.alloc_shared((C,), acc)  # WG1's scratch: -beta exp(g) per row (lean_prep)
             # WG0 -> WG2
             s_sh = T.alloc_shared((bv, dk), dtype)  # bf16(S^T) at the chunk's start
             vn_sh = T.alloc_shared((bv, C), dtype)  # Vnew^T
@@ -124,6 +143,13 @@ def fused_fwd_ws7_program(
             qs_done = T.alloc_barrier(arrive_count=WG)
             vn_ready = T.alloc_barrier(arrive_count=WG)
             vn_done = T.alloc_barrier(arrive_count=WG)
+
+            clk = T.alloc_local((1,), "int64")
+            spent = T.alloc_local((NUM_PHASES,), "int64")
+            if profile:
+                for i in T.serial(NUM_PHASES):
+                    spent[i] = 0
+                clk[0] = T.call_extern("int64", "clock64")
 
             tx = T.get_thread_binding()
 
@@ -145,41 +171,57 @@ def fused_fwd_ws7_program(
                     T.clear(s)
                 for c in T.serial(n_chunks):
                     st = c % 2
+                    if profile:
+                        clk[0] = T.call_extern("int64", "clock64")
                     T.copy(s, s_bf)
+                    tick(clk, spent, 0)
                     T.barrier_wait(prep_ready[st], (c // 2) % 2)  # also orders the reads of g_sh[st]
+                    tick(clk, spent, 1)
                     if overlap:
                         T.wgmma_gemm(v_sh[st, :, :], a_sh[st, :, :], x, transpose_A=True, transpose_B=True,
                                      clear_accum=True)
                         T.wgmma_gemm(s_bf, wk_sh[st, :, :], x, transpose_B=True)
+                    tick(clk, spent, 2)
                     if c > 0:
                         T.barrier_wait(qs_done, (c + 1) % 2)  # WG2 has read the last chunk's s_sh
+                    tick(clk, spent, 3)
                     T.copy(s_bf, s_sh)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
+                    tick(clk, spent, 4)
                     gam[0] = T.exp2(g_sh[st, C - 1] * LOG2E)
                     for i, j in T.Parallel(bv, dk):
                         s[i, j] = s[i, j] * gam[0]
+                    tick(clk, spent, 5)
                     if overlap:
                         T.wait_wgmma(0)
                     else:
                         T.gemm(v_sh[st, :, :], a_sh[st, :, :], x, transpose_A=True, transpose_B=True,
                                clear_accum=True)
                         T.gemm(s_bf, wk_sh[st, :, :], x, transpose_B=True)
+                    tick(clk, spent, 6)
                     if c > 0:
                         T.barrier_wait(vn_done, (c + 1) % 2)  # WG2 has read the last chunk's vn_sh
+                    tick(clk, spent, 7)
                     T.copy(x, vn_sh)
                     T.fence_proxy_async()
                     T.barrier_arrive(vn_ready)
+                    tick(clk, spent, 8)
                     for i, j in T.Parallel(bv, C):
                         x[i, j] = x[i, j] * dr_sh[st, j]
                     T.copy(x, vd)
+                    tick(clk, spent, 9)
                     T.gemm(vd, k_sh[st, :, :], s)
                     T.barrier_arrive(empty[st])
+                    tick(clk, spent, 10)
                 for i, j in T.Parallel(bv, dk):
                     if state_v_first:
                         ht[seq, bh, v0 + i, j] = s[i, j]
                     else:
                         ht[seq, bh, j, v0 + i] = s[i, j]
+                if profile and tx == 0:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 0, i] = spent[i]
 
             elif tx < 2 * WG:
                 # ---- WG1: Ag, Vb, -Wk, D_r for the chunk ----
@@ -190,32 +232,52 @@ def fused_fwd_ws7_program(
                 for c in T.serial(n_chunks):
                     st = c % 2
                     t0 = start + c * C
+                    if profile:
+                        clk[0] = T.call_extern("int64", "clock64")
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    tick(clk, spent, 0)
                     for i in T.Parallel(C):
                         dr_sh[st, i] = T.if_then_else(
                             t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
                         )
+                        if lean_prep:  # Kb's row factor, once per row, negated so the GEMM gives -Wk
+                            kf_sh[i] = -b_sh[st, i] * T.exp2(g_sh[st, i] * LOG2E)
+                    tick(clk, spent, 1)
                     # one operand at a time, so only one of them is live in registers
                     for i, j in T.Parallel(C, C):
                         ag[i, j] = T.if_then_else(
                             i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0
                         ) * T.cast(a_sh[st, i, j], acc)
                     T.copy(ag, a_sh[st, :, :])
+                    tick(clk, spent, 2)
                     for i, j in T.Parallel(C, bv):
                         vb[i, j] = T.cast(v_sh[st, i, j], acc) * b_sh[st, i]
                     T.copy(vb, v_sh[st, :, :])
-                    for i, j in T.Parallel(C, dk):
-                        w[i, j] = T.cast(k_sh[st, i, j], acc) * (b_sh[st, i] * T.exp2(g_sh[st, i] * LOG2E))
+                    tick(clk, spent, 3)
+                    if lean_prep:
+                        T.sync_threads(1, WG)  # kf_sh
+                        for i, j in T.Parallel(C, dk):
+                            w[i, j] = T.cast(k_sh[st, i, j], acc) * kf_sh[i]
+                    else:
+                        for i, j in T.Parallel(C, dk):
+                            w[i, j] = T.cast(k_sh[st, i, j], acc) * (b_sh[st, i] * T.exp2(g_sh[st, i] * LOG2E))
                     T.copy(w, kb_sh)
                     T.fence_proxy_async()
                     T.sync_threads(1, WG)
+                    tick(clk, spent, 4)
                     T.gemm(a_sh[st, :, :], kb_sh, w, clear_accum=True)
-                    for i, j in T.Parallel(C, dk):
-                        w[i, j] = -w[i, j]
+                    tick(clk, spent, 5)
+                    if not lean_prep:
+                        for i, j in T.Parallel(C, dk):
+                            w[i, j] = -w[i, j]
                     T.copy(w, wk_sh[st, :, :])
                     T.fence_proxy_async()
                     T.barrier_arrive(prep_ready[st])
                     T.barrier_arrive(empty[st])
+                    tick(clk, spent, 6)
+                if profile and tx == WG:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 1, i] = spent[i]
 
             elif tx < 3 * WG:
                 # ---- WG2: the output ----
@@ -225,8 +287,12 @@ def fused_fwd_ws7_program(
                 for c in T.serial(n_chunks):
                     st = c % 2
                     t0 = start + c * C
+                    if profile:
+                        clk[0] = T.call_extern("int64", "clock64")
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    tick(clk, spent, 0)
                     T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                    tick(clk, spent, 1)
                     for i, j in T.Parallel(C, C):
                         p[i, j] = T.if_then_else(
                             i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E) * scale, 0.0
@@ -236,15 +302,21 @@ def fused_fwd_ws7_program(
                     T.copy(p, p_sh)
                     T.fence_proxy_async()
                     T.sync_threads(2, WG)
+                    tick(clk, spent, 2)
                     T.barrier_wait(s_ready, c % 2)
+                    tick(clk, spent, 3)
                     T.gemm(q_sh[st, :, :], s_sh, ob, transpose_B=True, clear_accum=True)
                     T.barrier_arrive(qs_done)
+                    tick(clk, spent, 4)
                     for i, j in T.Parallel(C, bv):
                         ob[i, j] = ob[i, j] * d2_sh[st, i]
+                    tick(clk, spent, 5)
                     T.barrier_wait(vn_ready, c % 2)
+                    tick(clk, spent, 6)
                     T.gemm(p_sh, vn_sh, ob, transpose_B=True)
                     T.barrier_arrive(vn_done)
                     T.barrier_arrive(empty[st])
+                    tick(clk, spent, 7)
                     if t0 + C <= end:
                         T.tma_store_wait()  # the previous chunk's TMA store has read o_sh
                         T.sync_threads(2, WG)
@@ -256,7 +328,11 @@ def fused_fwd_ws7_program(
                         for i, j in T.Parallel(C, bv):
                             if t0 + i < end:
                                 o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
+                    tick(clk, spent, 8)
                 T.tma_store_wait(0, False)  # every O store has landed before the CTA exits
+                if profile and tx == 2 * WG:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 2, i] = spent[i]
 
             else:
                 # ---- WG3: loads (one warp) ----
@@ -265,16 +341,59 @@ def fused_fwd_ws7_program(
                     for c in T.serial(n_chunks):
                         st = c % 2
                         t0 = start + c * C
+                        if profile:
+                            clk[0] = T.call_extern("int64", "clock64")
                         if c >= 2:
                             T.barrier_wait(empty[st], (c // 2 + 1) % 2)
+                        tick(clk, spent, 0)
                         T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh[st, :, :], barrier=full[st])
                         T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh[st, :, :], barrier=full[st])
                         T.tma_copy(v[0, t0 : t0 + C, bh, v0 : v0 + bv], v_sh[st, :, :], barrier=full[st])
                         T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
+                        tick(clk, spent, 1)
                         for i in T.Parallel(C):
                             g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                             b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
                         T.barrier_arrive(full[st])
+                        tick(clk, spent, 2)
+                    if profile and tx == 3 * WG:
+                        for i in T.serial(NUM_PHASES):
+                            prof[bid, 3, i] = spent[i]
+
+    if profile:
+
+        @T.prim_func
+        def fused_fwd_ws7_profile(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            h0: T.Tensor(h0_shape, acc),
+            cu_seqlens: T.Tensor((ns + 1,), "int32"),
+            o: T.Tensor((1, nt, h_v, dv), dtype),
+            ht: T.Tensor(st_shape, acc),
+            prof: T.Tensor((ns * h_v * nv, 4, NUM_PHASES), "int64"),
+        ):
+            kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof)
+
+        return fused_fwd_ws7_profile
+
+    @T.prim_func
+    def fused_fwd_ws7(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        h0: T.Tensor(h0_shape, acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        o: T.Tensor((1, nt, h_v, dv), dtype),
+        ht: T.Tensor(st_shape, acc),
+    ):
+        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None)
 
     return fused_fwd_ws7
 
