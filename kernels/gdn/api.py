@@ -188,11 +188,12 @@ def chunk_gated_delta_rule_fwd(
     """GDN chunked-prefill forward (FLA layout). Returns FwdOutput(o, final_state, g_cumsum, a0).
 
     state_v_first=True reads and writes states as [N,H_v,V,K] instead of [N,H_v,K,V].
-    kkt_impl picks the stage-1 kernel (KKT_IMPLS; default $QLA_KKT_IMPL or "v2"), fused_impl the stage-2
-    kernel (FUSED_IMPLS; default $QLA_FUSED_IMPL or DEFAULT_FUSED_IMPL); block_v overrides the planned
-    V-slice width (for measurements). cp=True (default: $QLA_CP == "1"; prepared, off until measured)
-    runs long sequences piece-parallel (gdn/cp.py) where cp_plan.plan_cp predicts a gain, or always with
-    pieces of cp_piece chunks when that is given; state_v_first runs without CP.
+    kkt_impl picks the stage-1 kernel (KKT_IMPLS; default $QLA_KKT_IMPL or DEFAULT_KKT_IMPL), fused_impl the
+    stage-2 kernel (FUSED_IMPLS; default $QLA_FUSED_IMPL or DEFAULT_FUSED_IMPL); block_v overrides the planned
+    V-slice width (for measurements). cp=True (default: on unless $QLA_CP is "0"; session 8: faster on every
+    qwen35-fwd config where the cost model splits, NOTES.md) runs long sequences piece-parallel (gdn/cp.py)
+    where cp_plan.plan_cp predicts a gain, or always with pieces of cp_piece chunks when that is given;
+    state_v_first runs without CP.
     """
     shape = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     impl = resolve_kkt_impl(kkt_impl)
@@ -309,8 +310,12 @@ def _combine_kernel(cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> t
 
 
 def resolve_cp() -> bool:
-    """Context parallelism by default? Only when $QLA_CP is "1" (not yet faster on the H200, NOTES.md)."""
-    return os.environ.get(CP_ENV, "").strip() == "1"
+    """Context parallelism by default? Yes unless $QLA_CP is "0": with the one-kernel combine it was faster on
+    all 19 qwen35-fwd configs where the cost model splits (1.08-2.03x, NOTES.md session 8)."""
+    value = os.environ.get(CP_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${CP_ENV} must be '0' or '1' (or unset: on), got {value!r}")
+    return value != "0"
 
 
 def _cp_plan(plan: ChunkPlan, h_v: int, num_sms: int, cp: bool | None, cp_piece: int | None) -> CPPlan | None:

@@ -19,8 +19,8 @@ slots, longest first, and costs its makespan):
     CP    : state pass   two CTAs per (piece, head, V-slice) (h and M) at the api's width for 2P pieces,
                          chunks x prep_step_scale x fused_step_us[BV] + piece_setup_us (the whole piece,
                          unless assumed_warmup_chunks)
-            combine      links x combine_link_us, host-bound, overlapping the state pass: max() of the two
-                         (past cp.MAX_VIEW_LINKS links the index form costs less per link: conservative)
+            combine      one kernel after the state pass (fwd/cp_combine.py): combine_setup_us + the longest
+                         sequence's links x combine_link_us (sequences and heads run in parallel)
             fused pass   over the pieces at the api's width for P pieces, + piece_setup_us per CTA
             + launch_us per extra kernel
 CP is used when its best L beats no-CP by more than `margin`. FlashQLA's closed-form rule (their SM90
@@ -51,17 +51,18 @@ class CPHeuristics:
     128: 3.09). piece_setup_us: what a CTA walking a piece costs beyond its steps (initial state load,
     pipeline fill; 14-25 us fitted from the fused walk over 4-32 pieces). The state pass (ws rev 5's
     state_pass build, every piece twice: h from S = 0, M from S = I) runs at the width the api picks for
-    2P pieces, prep_step_scale times the fused step there (0.79-0.83 measured). combine_link_us: one link
-    S_{p+1} = M_p S_p + h_p of cp.combine's view walk, host-bound (40 us a link on the H200 host: the
-    host's launch cost, not the GPU's), which overlaps the state pass already queued on the GPU. Together
-    these reproduce profile_cp's measured CP forward within 7 % (2/8 and 4/16 x 32768, 4-32 pieces). They
-price the host walk: with $QLA_CP_COMBINE=kernel the combine costs less than modelled."""
+    2P pieces, prep_step_scale times the fused step there (0.79-0.83 measured). The combine is the one-kernel
+    form (session 8, profile_cp's combine_kernel on the H200): its links S_{p+1} = M_p S_p + h_p run one
+    after another within a sequence, ~10.5 us each, plus ~13.5 us for the launch and the first loads
+    (0.087 ms for 7 links, 0.162 for 15, 0.340 for 31; 6 links of a two-sequence mix 0.078). The host walk
+    ($QLA_CP_COMBINE=views, ~40 us of host time a link) is not priced."""
 
     fused_step_us: tuple[tuple[int, float], ...] = ((32, 1.6), (64, 2.0), (128, 3.0))
     fused_ctas_per_sm: int = 1  # 100-200 KiB of shared memory per CTA: one per SM
     piece_setup_us: float = 20.0
     prep_step_scale: float = 0.8
-    combine_link_us: float = 40.0
+    combine_link_us: float = 10.5
+    combine_setup_us: float = 13.5
     launch_us: float = 5.0  # per extra launch (state pass, fused walk over pieces)
     margin: float = 0.05  # CP must be predicted at least this much faster than no CP
     min_piece_chunks: int = 4
@@ -137,9 +138,9 @@ def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
     bv_sp = choose_block_v_ws(2 * len(pieces), h_v, num_sms)
     warm = pieces if h.assumed_warmup_chunks is None else [min(p, h.assumed_warmup_chunks) for p in pieces]
     prep = _fused_us(warm, h_v, bv_sp, num_sms, h, copies=2, scale=h.prep_step_scale, setup_us=h.piece_setup_us)
-    links = len(pieces) - len(chunks)
-    # the combine's host-bound launches overlap the state pass the GPU is already running
-    return fused + max(prep, links * h.combine_link_us) + 2 * h.launch_us, bv
+    longest_chain = max(len(split_counts(c, piece)) for c in chunks) - 1
+    combine = h.combine_setup_us + longest_chain * h.combine_link_us
+    return fused + prep + combine + 3 * h.launch_us, bv
 
 
 @dataclass(frozen=True)

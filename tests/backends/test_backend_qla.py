@@ -55,14 +55,15 @@ def test_modes_and_flags(monkeypatch):
     assert b.modes == ("fwd", "bwd", "train")
     flags = b.env_flags()
     assert "TileLang" in flags["qla_bwd"]
-    assert flags["qla_fused"].startswith("auto (ws6") and flags["qla_kkt"] == "v4" and flags["qla_cp"] == "off"
+    assert flags["qla_fused"].startswith("auto (ws6") and flags["qla_kkt"] == "v4"
+    assert flags["qla_cp"] == "on (combine: kernel)"
     monkeypatch.setenv("QLA_KKT_IMPL", "v3")
     monkeypatch.setenv("QLA_FUSED_IMPL", "v2")
-    monkeypatch.setenv("QLA_CP", "1")
+    monkeypatch.setenv("QLA_CP_COMBINE", "views")
     assert (b.env_flags()["qla_kkt"], b.env_flags()["qla_fused"], b.env_flags()["qla_cp"]) == (
         "v3", "v2", "on (combine: views)")
-    monkeypatch.setenv("QLA_CP_COMBINE", "kernel")
-    assert b.env_flags()["qla_cp"] == "on (combine: kernel)"
+    monkeypatch.setenv("QLA_CP", "0")
+    assert b.env_flags()["qla_cp"] == "off"
 
 
 def test_bwd_and_train_map_the_six_gradients(make_inputs, naive_gdn_grads, install_module):

@@ -136,8 +136,13 @@ def test_cp_switch_and_forced_piece(monkeypatch):
     from qla_kernels.gdn.plan import build_plan_from_list, plan_fixed
 
     plan = build_plan_from_list([0, 32768], "cpu")
+    monkeypatch.setenv("QLA_CP", "0")
+    assert _cp_plan(plan, 8, 132, None, None) is None  # off when asked to be
+    monkeypatch.setenv("QLA_CP", "yes")
+    with pytest.raises(ValueError, match=r"\$QLA_CP must be '0' or '1'"):
+        _cp_plan(plan, 8, 132, None, None)
     monkeypatch.delenv("QLA_CP", raising=False)
-    assert _cp_plan(plan, 8, 132, None, None) is None  # off unless asked for
+    assert _cp_plan(plan, 8, 132, None, None) is not None  # on by default
     forced = _cp_plan(plan, 8, 132, True, 64)
     assert forced is not None and forced.num_pieces == 8 and forced.decision.piece_chunks == 64
     monkeypatch.setenv("QLA_CP", "1")
