@@ -16,9 +16,10 @@ Cost model (times in microseconds; a pass is a list of CTA durations scheduled o
 slots, longest first, and costs its makespan):
     no CP : fused pass, one CTA per (sequence, head, V-slice) at the api's width for N sequences,
             chunks x fused_step_us[BV]
-    CP    : state pass   two CTAs per (piece, head, V-slice) (h and M) at the api's width for 2P pieces,
-                         chunks x prep_step_scale x fused_step_us[BV] + piece_setup_us (the whole piece,
-                         unless assumed_warmup_chunks)
+    CP    : state pass   one CTA per (piece, head, V-slice) for h and one for M at the api's width for 2P
+                         pieces, chunks x prep_step_scale x fused_step_us[BV] + piece_setup_us (the whole
+                         piece, unless assumed_warmup_chunks); M only for exact_m_frac of the heads, the
+                         other M slices skip_m_us (their pieces decay: M = 0, decided on the GPU)
             combine      one kernel after the state pass (fwd/cp_combine.py): combine_setup_us + the longest
                          sequence's links x combine_link_us (sequences and heads run in parallel)
             fused pass   over the pieces at the api's width for P pieces, + piece_setup_us per CTA
@@ -67,6 +68,12 @@ class CPHeuristics:
     margin: float = 0.05  # CP must be predicted at least this much faster than no CP
     min_piece_chunks: int = 4
     max_piece_chunks: int = 512
+    # The state pass writes M = 0 for a piece whose summed log gate is at most fused_fwd_ws.SKIP_M_LOG_DECAY
+    # (data-dependent, decided on the GPU per piece and head): the model assumes this fraction of the value
+    # heads needs its exact M (the harness's inputs set 25 % of the heads to g = 0; trained models have
+    # hardly any), and a skipped slice costs skip_m_us.
+    exact_m_frac: float = 0.25
+    skip_m_us: float = 3.0
     # None: plan for the worst case (heads that do not decay need the whole previous piece exactly).
     # An int n: assume gate-driven warm-up over the previous piece's last n chunks is enough.
     assumed_warmup_chunks: int | None = None
@@ -137,7 +144,11 @@ def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
     fused = _fused_us(pieces, h_v, bv, num_sms, h, setup_us=h.piece_setup_us)
     bv_sp = choose_block_v_ws(2 * len(pieces), h_v, num_sms)
     warm = pieces if h.assumed_warmup_chunks is None else [min(p, h.assumed_warmup_chunks) for p in pieces]
-    prep = _fused_us(warm, h_v, bv_sp, num_sms, h, copies=2, scale=h.prep_step_scale, setup_us=h.piece_setup_us)
+    ways = 128 // bv_sp
+    exact_m = math.ceil(h.exact_m_frac * h_v)  # value heads whose transition M is computed, per piece
+    runs = [(c * h.step_us(bv_sp) * h.prep_step_scale + h.piece_setup_us, (h_v + exact_m) * ways) for c in warm]
+    runs.append((h.skip_m_us, len(warm) * (h_v - exact_m) * ways))  # the skipped M slices: zeros, then exit
+    prep = makespan(runs, num_sms * h.fused_ctas_per_sm)
     longest_chain = max(len(split_counts(c, piece)) for c in chunks) - 1
     combine = h.combine_setup_us + longest_chain * h.combine_link_us
     return fused + prep + combine + 3 * h.launch_us, bv

@@ -2,7 +2,8 @@
 
     source .ci/gpu-host-setup.sh; python -m pytest tests/gpu/test_qla_cp.py -q -s -rfE
 
-1. the state pass alone: [h | M] of each piece against float64 (h from S = 0; M from S = I, V = 0);
+1. the state pass alone: [h | M] of each piece against float64 (h from S = 0; M from S = I, V = 0; M exactly
+   zero where the piece decays below SKIP_M_LOG_DECAY);
 2. the CP forward (forced piece lengths, fused_impl="ws5") against the float64 reference on GVA 1-4,
    ragged, g = 0 and strong-decay heads, fixed-length batches: o and state <= 5e-3, each head <= 1e-2,
    and within 5e-3 of the plain forward;
@@ -28,7 +29,7 @@ from gpu.test_qla_fwd import TOL, make_inputs, rel_l2  # noqa: E402
 from qla_bench.reference import chunk_gated_delta_rule_ref  # noqa: E402
 from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
 from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd, chunk_kkt_solve  # noqa: E402
-from qla_kernels.gdn.fwd.fused_fwd_ws import fused_fwd_ws_kernel  # noqa: E402
+from qla_kernels.gdn.fwd.fused_fwd_ws import SKIP_M_LOG_DECAY, fused_fwd_ws_kernel  # noqa: E402
 
 CASES = {
     # name: (B, T, h_qk, h_v, cu_seqlens or None, piece chunks)
@@ -61,8 +62,16 @@ def test_state_pass_gives_h_and_m():
     eye = torch.eye(128, dtype=torch.float64).expand(2, 4, 128, 128).contiguous()
     _, m_ref = chunk_gated_delta_rule_ref(args[0], args[1], torch.zeros_like(args[2]), *args[3:], None, eye, True,
                                           cu.cpu())
-    eh, em = rel_l2(hm[..., :128], h_ref), rel_l2(hm[..., 128:], m_ref)
-    print(f"\n[cp-state-pass] h={eh:.2e} M={em:.2e}")
+    # the transition of a piece whose summed log gate is at most SKIP_M_LOG_DECAY is written as zeros (gate-
+    # driven: exp(decay) bounds its effect); the heads here range from g = 0 (exact M needed) to strong decay
+    decay = torch.stack([g[0, a:b].double().sum(0).cpu() for a, b in ((0, 512), (512, 1024))])  # [piece, head]
+    m = hm[..., 128:].double().cpu()
+    skipped, kept = decay < SKIP_M_LOG_DECAY - 1, decay > SKIP_M_LOG_DECAY + 1
+    assert kept.any() and skipped.any(), decay
+    assert (m[skipped] == 0).all()
+    assert (m_ref[skipped].norm(dim=(-2, -1)) <= 1e-10 * 128**0.5).all()  # what was dropped: below fp32
+    eh, em = rel_l2(hm[..., :128], h_ref), rel_l2(m[kept], m_ref[kept])
+    print(f"\n[cp-state-pass] h={eh:.2e} M={em:.2e} (M skipped on {int(skipped.sum())} of {skipped.numel()})")
     assert eh <= TOL and em <= TOL, (eh, em)
 
 

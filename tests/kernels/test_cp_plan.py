@@ -47,6 +47,20 @@ def test_baseline_reproduces_ws6_measurements():
     assert bv == 128 and abs(t - 395) / 395 < 0.05  # 16/32 8192x4: 0.758 - 0.363 ms
 
 
+def test_cp_predictions_reproduce_the_kernel_combine_measurements():
+    """CP forward less kkt, measured on the H200 with the one-kernel combine (profile_cp, NOTES.md session 8),
+    against the model at the same piece lengths: within 13 %, and the measured best piece is the model's."""
+    measured = {  # (h_v, chunks per sequence, piece) -> ms
+        (8, (512,), 16): 0.780 - 0.090, (8, (512,), 32): 0.582 - 0.090, (8, (512,), 64): 0.504 - 0.090,
+        (8, (512,), 128): 0.587 - 0.090, (16, (512,), 32): 0.913 - 0.162, (16, (512,), 64): 0.836 - 0.162,
+        (8, (64, 448), 64): 0.467 - 0.099,
+    }  # fmt: skip
+    for (h_v, chunks, piece), ms in measured.items():
+        t, _ = predict_us(list(chunks), h_v, 132, piece)
+        assert abs(t - 1000 * ms) / (1000 * ms) < 0.13, (h_v, chunks, piece, t, ms)
+    assert choose_cp([512], 8, 132).piece_chunks == 64 and choose_cp([512], 16, 132).piece_chunks == 64
+
+
 def test_decisions_on_the_notes_configs():
     one_long_few_heads = choose_cp([512], 8, 132)  # 2/8 1x32768: 16 CTAs without CP
     assert one_long_few_heads.piece_chunks is not None

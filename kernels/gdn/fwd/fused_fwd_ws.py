@@ -45,6 +45,10 @@ NREG_DELTA = 152
 NREG_OUT = 160
 NREG_LOAD = 24
 
+# The CP state pass skips a piece's transition M (writes zeros) when the piece's summed log decay is at most
+# this: exp(-30) ~ 1e-13 of the incoming state, below fp32 resolution.
+SKIP_M_LOG_DECAY = -30.0
+
 
 # Phases timed per consumer warpgroup by the profile build (clock64 cycles of the warpgroup's first
 # thread, summed over the chunks), in program order.
@@ -101,7 +105,9 @@ def fused_fwd_ws_program(
     piece, no O is produced, and the grid has twice the V-slices. Slices over [0, V) run the recurrence
     from S = 0 with the piece's V (the piece's own end state h); slices over [V, 2V) run it from S = I
     with V = 0, which gives the piece's transition M (S_end = M S_start + h). Signature:
-    (q, k, v, g_cumsum, beta, a0, cu_seqlens, hm) with hm [pieces, H_v, K, 2V] fp32 = [h | M].
+    (q, k, v, g_cumsum, beta, a0, cu_seqlens, hm) with hm [pieces, H_v, K, 2V] fp32 = [h | M]. A transition
+    slice whose piece decays by at most SKIP_M_LOG_DECAY (summed log gate) writes M = 0 and runs no chunk:
+    gate-driven, so heads that do not decay (g = 0) still get their exact M (session 8).
 
     store_states=True (rev 5; the backward's stage 0, bwd_api.chunk_states) also takes chunk_offsets [N+1]
     int32 and states [num_chunks, H_v, K, V] in the input dtype: WG0 stores the bf16 copy of S it publishes
@@ -160,7 +166,28 @@ def fused_fwd_ws_program(
                 bhg = bh // (h_v // h_qk)
                 start = cu_seqlens[seq]
                 end = cu_seqlens[seq + 1]
-            n_chunks = T.ceildiv(end - start, C)
+            if state_pass:
+                # A transition slice (v0 >= V) of a piece whose summed log decay is at most SKIP_M_LOG_DECAY
+                # writes M = 0 and does nothing else: ||M S|| <= exp(decay) ||S|| (each step's
+                # I - beta k k^T is a contraction for unit-norm keys, beta in [0, 2]), far below fp32.
+                # One chunk-end decay per thread (pieces have at most 4 * WG chunks), summed by thread 0.
+                dec_sh = T.alloc_shared((4 * WG,), acc)
+                skip_sh = T.alloc_shared((1,), "int32")
+                txs = T.get_thread_binding()
+                pc = T.ceildiv(end - start, C)
+                if txs < pc:
+                    dec_sh[txs] = g_cumsum[0, T.min(start + txs * C + C - 1, end - 1), bh]
+                T.sync_threads()
+                if txs == 0:
+                    tot = T.alloc_local((1,), acc)
+                    tot[0] = 0.0
+                    for ci in T.serial(T.min(pc, 4 * WG)):
+                        tot[0] = tot[0] + dec_sh[ci]
+                    skip_sh[0] = T.if_then_else(v0 >= dv and pc <= 4 * WG and tot[0] <= SKIP_M_LOG_DECAY, 1, 0)
+                T.sync_threads()
+                n_chunks = T.if_then_else(skip_sh[0] == 1, 0, pc)
+            else:
+                n_chunks = T.ceildiv(end - start, C)
 
             # two input stages
             q_sh = T.alloc_shared((2, C, dk), dtype)
@@ -204,9 +231,9 @@ def fused_fwd_ws_program(
                 T.set_max_nreg(NREG_STATE, 1)
                 s = T.alloc_fragment((dk, block_v), acc)
                 gam = T.alloc_local((1,), acc)
-                if state_pass:
+                if state_pass:  # M slices start from I (or stay 0 when skipped: no chunks run)
                     for i, j in T.Parallel(dk, block_v):
-                        s[i, j] = T.if_then_else(v0 >= dv and i == v0 - dv + j, 1.0, 0.0)
+                        s[i, j] = T.if_then_else(v0 >= dv and i == v0 - dv + j and n_chunks > 0, 1.0, 0.0)
                 elif use_initial_state:
                     for i, j in T.Parallel(dk, block_v):
                         if state_v_first:
