@@ -34,6 +34,19 @@ def median_event_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(out)
 
 
+def _fused_args(q, k, v, g, beta, initial_state, cu_seqlens):
+    """(h_v, plan, use_h0, the fused kernels' arguments up to ht) after running stage 1 (the default kkt)."""
+    h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
+    plan = _plan(q, cu_seqlens)
+    qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
+    g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None), kf, gf, bf, plan)
+    use_h0 = initial_state is not None
+    h0 = initial_state.contiguous() if use_h0 else torch.zeros(1, h_v, HEAD_DIM, HEAD_DIM, device=q.device)
+    o = torch.empty_like(vf)
+    ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
+    return h_v, plan, use_h0, (qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht)
+
+
 def profile_fused_ws(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -49,19 +62,12 @@ def profile_fused_ws(
     V-slice block_v."""
     from .fwd.fused_fwd_ws import NUM_PHASES, fused_fwd_ws_kernel, phases
 
-    h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
-    plan = _plan(q, cu_seqlens)
-    qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
-    g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None), kf, gf, bf, plan)
-    use_h0 = initial_state is not None
-    h0 = initial_state.contiguous() if use_h0 else torch.zeros(1, h_v, HEAD_DIM, HEAD_DIM, device=q.device)
-    o = torch.empty_like(vf)
-    ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
+    h_v, plan, use_h0, args = _fused_args(q, k, v, g, beta, initial_state, cu_seqlens)
     ctas = plan.num_seqs * h_v * (HEAD_DIM // block_v)
     prof = torch.zeros(ctas, 3, NUM_PHASES, dtype=torch.int64, device=q.device)
     kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, HEAD_DIM**-0.5, _TL_DTYPE[q.dtype], use_h0, False, block_v,
                                  True, rev)
-    kernel(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht, prof)
+    kernel(*args, prof)
     torch.cuda.synchronize()
     total = prof.double().sum(0) / (plan.num_chunks * h_v * (HEAD_DIM // block_v))  # per chunk-step
     names = phases(rev)
@@ -83,19 +89,12 @@ def profile_fused_ws7(
     overlap: rev 8, overlap and lean_prep: rev 9); WG3 is the load warp."""
     from .fwd.fused_fwd_ws7 import BLOCK_V, NUM_PHASES, PHASES, fused_fwd_ws7_kernel
 
-    h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
-    plan = _plan(q, cu_seqlens)
-    qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
-    g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None), kf, gf, bf, plan)
-    use_h0 = initial_state is not None
-    h0 = initial_state.contiguous() if use_h0 else torch.zeros(1, h_v, HEAD_DIM, HEAD_DIM, device=q.device)
-    o = torch.empty_like(vf)
-    ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
+    h_v, plan, use_h0, args = _fused_args(q, k, v, g, beta, initial_state, cu_seqlens)
     slices = HEAD_DIM // BLOCK_V
     prof = torch.zeros(plan.num_seqs * h_v * slices, 4, NUM_PHASES, dtype=torch.int64, device=q.device)
     kernel = fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, HEAD_DIM**-0.5, _TL_DTYPE[q.dtype], use_h0, False, overlap,
                                   True, lean_prep)
-    kernel(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht, prof)
+    kernel(*args, prof)
     torch.cuda.synchronize()
     total = prof.double().sum(0) / (plan.num_chunks * h_v * slices)  # per chunk-step
     return {f"WG{w}": {name: round(total[w, i].item(), 1) for i, name in enumerate(PHASES[w])} for w in range(4)}

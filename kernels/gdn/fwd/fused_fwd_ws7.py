@@ -106,6 +106,12 @@ def fused_fwd_ws7_program(
             clk[0] = now
 
     @T.macro
+    def vnew_products(gemm, vb, ag, s_bf, wk, x):
+        """x = U^T + S^T (-Wk)^T = Vb^T Ag^T + bf16(S^T) (-Wk)^T, with gemm = T.gemm or T.wgmma_gemm (no wait)."""
+        gemm(vb, ag, x, transpose_A=True, transpose_B=True, clear_accum=True)
+        gemm(s_bf, wk, x, transpose_B=True)
+
+    @T.macro
     def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof):
         with T.Kernel(ns * h_v * nv, threads=4 * WG) as (bid,):
             seq = T.alloc_var("int32", init=bid // (h_v * nv))
@@ -178,9 +184,7 @@ def fused_fwd_ws7_program(
                     T.barrier_wait(prep_ready[st], (c // 2) % 2)  # also orders the reads of g_sh[st]
                     tick(clk, spent, 1)
                     if overlap:
-                        T.wgmma_gemm(v_sh[st, :, :], a_sh[st, :, :], x, transpose_A=True, transpose_B=True,
-                                     clear_accum=True)
-                        T.wgmma_gemm(s_bf, wk_sh[st, :, :], x, transpose_B=True)
+                        vnew_products(T.wgmma_gemm, v_sh[st, :, :], a_sh[st, :, :], s_bf, wk_sh[st, :, :], x)
                     tick(clk, spent, 2)
                     if c > 0:
                         T.barrier_wait(qs_done, (c + 1) % 2)  # WG2 has read the last chunk's s_sh
@@ -196,9 +200,7 @@ def fused_fwd_ws7_program(
                     if overlap:
                         T.wait_wgmma(0)
                     else:
-                        T.gemm(v_sh[st, :, :], a_sh[st, :, :], x, transpose_A=True, transpose_B=True,
-                               clear_accum=True)
-                        T.gemm(s_bf, wk_sh[st, :, :], x, transpose_B=True)
+                        vnew_products(T.gemm, v_sh[st, :, :], a_sh[st, :, :], s_bf, wk_sh[st, :, :], x)
                     tick(clk, spent, 6)
                     if c > 0:
                         T.barrier_wait(vn_done, (c + 1) % 2)  # WG2 has read the last chunk's vn_sh
