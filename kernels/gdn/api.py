@@ -310,8 +310,9 @@ def _combine_kernel(cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> t
 
 
 def resolve_cp() -> bool:
-    """Context parallelism by default? Yes unless $QLA_CP is "0": with the one-kernel combine it was faster on
-    all 19 qwen35-fwd configs where the cost model splits (1.08-2.03x, NOTES.md session 8)."""
+    """Context parallelism by default? Yes unless $QLA_CP is "0": with the one-kernel combine and the skip of
+    decaying pieces' M, the 18 qwen35-fwd configs the cost model splits ran 1.13-2.01x faster than without CP
+    and no other config changed (NOTES.md, session 8)."""
     value = os.environ.get(CP_ENV, "").strip()
     if value not in ("", "0", "1"):
         raise ValueError(f"${CP_ENV} must be '0' or '1' (or unset: on), got {value!r}")

@@ -51,7 +51,8 @@ class CPHeuristics:
     H200 (2/8 1x32768: 1.56 us at 32, 1.88 at 64, 2.86 at 128; 16/32 1x32768 at 32: 1.62; 16/32 8192x4 at
     128: 3.09). piece_setup_us: what a CTA walking a piece costs beyond its steps (initial state load,
     pipeline fill; 14-25 us fitted from the fused walk over 4-32 pieces). The state pass (ws rev 5's
-    state_pass build, every piece twice: h from S = 0, M from S = I) runs at the width the api picks for
+    state_pass build: h from S = 0 for every piece, M from S = I unless the piece decays, exact_m_frac
+    below) runs at the width the api picks for
     2P pieces, prep_step_scale times the fused step there (0.79-0.83 measured). The combine is the one-kernel
     form (session 8, profile_cp's combine_kernel on the H200): its links S_{p+1} = M_p S_p + h_p run one
     after another within a sequence, ~10.5 us each, plus ~13.5 us for the launch and the first loads
@@ -126,10 +127,10 @@ def split_counts(chunks: int, piece: int | None) -> list[int]:
     return [piece] * full + ([rest] if rest else [])
 
 
-def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics, copies: int = 1,
-              scale: float = 1.0, setup_us: float = 0.0) -> float:
+def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics,
+              setup_us: float = 0.0) -> float:
     ways = 128 // block_v
-    runs = [(c * h.step_us(block_v) * scale + setup_us, copies * h_v * ways) for c in pieces]
+    runs = [(c * h.step_us(block_v) + setup_us, h_v * ways) for c in pieces]
     return makespan(runs, num_sms * h.fused_ctas_per_sm)
 
 
