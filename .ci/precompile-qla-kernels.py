@@ -31,7 +31,7 @@ def variants() -> list[tuple[str, str, tuple]]:
     out: list[tuple[str, str, tuple]] = []
     for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
         for dt in ("bfloat16", "float16") if impl in ("v2", "v3", "v3h", "v4", "v5") else ("bfloat16",):
-            fname = "kkt_solve_kernel" if version == "v2" else "kkt_solve_v3_kernel"
+            fname = {"v2": "kkt_solve_kernel", "v3m": "kkt_solve_v3_merged_kernel"}.get(version, "kkt_solve_v3_kernel")
             out.append((f"kkt {impl} {dt}", fname, (HEAD_DIM, dt, *extra)))
     for impl in ("v3h", "v4", "v5"):  # profile builds (profile_fwd.profile_kkt)
         args = list(KKT_IMPLS[impl][1]) + [False] * (8 - len(KKT_IMPLS[impl][1]))

@@ -44,6 +44,11 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v4": ("v3", (True, 6, False, True, False, True, True)),
     # v4 with L's first 16 rows dropped (L00 parked inside): six CTAs per SM instead of five
     "v5": ("v3", (True, 6, False, True, False, True, True, True)),
+    # v4 built with TileLang's aggressive shared-memory merge (34.5 KiB), alone and solving 2 or 4 items per
+    # CTA (session 8; measuring only: is v4 bound by how fast its CTAs start and finish?)
+    "v4m": ("v3m", (True, 6, False, True, False, True, True, False, 1)),
+    "v6": ("v3m", (True, 6, False, True, False, True, True, False, 2)),
+    "v6x4": ("v3m", (True, 6, False, True, False, True, True, False, 4)),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
@@ -129,9 +134,9 @@ def _kkt_kernel(impl: str, dt: str):
         from .fwd.kkt_solve import kkt_solve_kernel
 
         return launcher(kkt_solve_kernel(HEAD_DIM, dt, *extra))
-    from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel
+    from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel, kkt_solve_v3_merged_kernel
 
-    return launcher(kkt_solve_v3_kernel(HEAD_DIM, dt, *extra))
+    return launcher((kkt_solve_v3_merged_kernel if version == "v3m" else kkt_solve_v3_kernel)(HEAD_DIM, dt, *extra))
 
 
 def _launch_kkt(impl: str, kf: torch.Tensor, gf: torch.Tensor, bf: torch.Tensor, plan: ChunkPlan):
