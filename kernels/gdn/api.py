@@ -45,7 +45,8 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # v4 with L's first 16 rows dropped (L00 parked inside): six CTAs per SM instead of five
     "v5": ("v3", (True, 6, False, True, False, True, True, True)),
     # v4 built with TileLang's aggressive shared-memory merge (34.5 KiB), alone and solving 2 or 4 items per
-    # CTA (session 8; measuring only: is v4 bound by how fast its CTAs start and finish?)
+    # CTA (session 8; measuring only: is v4 bound by how fast its CTAs start and finish? CPU-checked, NOT yet
+    # run on a GPU)
     "v4m": ("v3m", (True, 6, False, True, False, True, True, False, 1)),
     "v6": ("v3m", (True, 6, False, True, False, True, True, False, 2)),
     "v6x4": ("v3m", (True, 6, False, True, False, True, True, False, 4)),
