@@ -24,6 +24,10 @@ Warpgroups (128 threads each), one CTA per (sequence, value head, 64-wide V-slic
   WG3 loads   one warp: TMA tiles of q, k (shared by the GVA group), the v slice, A0; g and beta as
               scalars, clamped to the sequence's last token so gamma is right on a ragged tail.
 
+Measured on the H200 (session 8, NOTES.md): correct on every case, but 0.80x rev 6's forward through
+qwen35-fwd: the chain's own work fell to ~2 K cycles a chunk, while WG1's element-wise passes take ~4 K and
+set the step. Not the default (`fused_impl="ws7"`, "ws8", "ws9" measure it).
+
 Hand-offs are mbarriers: full/empty/prep_ready per input stage (parity (chunk // 2) % 2), s_ready/qs_done
 and vn_ready/vn_done for the single s_sh and vn_sh buffers (parity chunk % 2). Ragged tails load whole
 tiles as rev 5 does: rows past the end only reach invalid rows (Gamma, Pg are lower triangular), add nothing
