@@ -176,3 +176,22 @@ def test_forced_piece_plans_are_cached():
     first = _cp_plan(plan, 8, 132, True, 16)
     assert _cp_plan(plan, 8, 132, True, 16) is first
     assert _cp_plan(plan, 8, 132, True, 32) is not first and _cp_plan(plan, 8, 132, True, 32).num_pieces == 4
+
+
+def test_transition_bound_behind_the_state_pass_skip():
+    """The CP state pass writes a piece's transition M as zeros when its summed log gate is <= -30
+    (fused_fwd_ws.SKIP_M_LOG_DECAY): exact to ~1e-13 because ||M||_2 <= exp(sum g) when every step
+    I - beta k k^T is a contraction (unit-norm keys, beta in [0, 2]). Checked here in float64 on pieces with
+    correlated keys, betas up to 2 and gates that do and do not decay."""
+    gen = torch.Generator().manual_seed(3)
+    t, h, d = 96, 3, 16
+    k = F.normalize(torch.randn(1, t, 1, d, generator=gen) + 2.0 * torch.randn(1, 1, 1, d, generator=gen), dim=-1)
+    beta = 2.0 * torch.rand(1, t, h, generator=gen)
+    rates = (0.0, 0.05, 0.5)  # per-token decay up to: none (g = 0), weak, strong
+    g = torch.stack([-r * torch.rand(t, generator=gen) for r in rates], -1)[None]
+    eye = torch.eye(d, dtype=torch.float64).expand(1, h, d, d).contiguous()
+    _, m = chunk_gated_delta_rule_ref(k, k, torch.zeros(1, t, h, d), g, beta, initial_state=eye)
+    norms = torch.linalg.matrix_norm(m[0], ord=2)
+    bounds = g[0].double().sum(0).exp()
+    assert (norms <= bounds * (1 + 1e-9)).all(), (norms, bounds)
+    assert bounds[0] == 1.0 and bounds[2] < 1e-10  # the bound spans no decay to a skipped piece
