@@ -78,9 +78,6 @@ class CPHeuristics:
     # None: plan for the worst case (heads that do not decay need the whole previous piece exactly).
     # An int n: assume gate-driven warm-up over the previous piece's last n chunks is enough.
     assumed_warmup_chunks: int | None = None
-    # the device-side warm-up rule the CP kernels will apply per head (design/gdn.md): stop warming up
-    # once the summed log decay of the warm-up chunks is below this
-    warmup_log_decay: float = -10.0
 
     def step_us(self, block_v: int) -> float:
         return dict(self.fused_step_us)[block_v]

@@ -50,6 +50,14 @@ NREG_LOAD = 24
 SKIP_M_LOG_DECAY = -30.0
 
 
+def _sum8(buf, base):
+    """buf[base] + ... + buf[base + 7], left to right (one round of the state pass's decay sum)."""
+    total = buf[base]
+    for i in range(1, 8):
+        total = total + buf[base + i]
+    return total
+
+
 # Phases timed per consumer warpgroup by the profile build (clock64 cycles of the warpgroup's first
 # thread, summed over the chunks), in program order.
 PHASES = (
@@ -183,22 +191,13 @@ def fused_fwd_ws_program(
                     )
                     T.sync_threads()
                     if txs < 4 * WG // 8:
-                        part_sh[txs] = (dec_sh[txs * 8] + dec_sh[txs * 8 + 1] + dec_sh[txs * 8 + 2]
-                                        + dec_sh[txs * 8 + 3] + dec_sh[txs * 8 + 4] + dec_sh[txs * 8 + 5]
-                                        + dec_sh[txs * 8 + 6] + dec_sh[txs * 8 + 7])
+                        part_sh[txs] = _sum8(dec_sh, txs * 8)
                     T.sync_threads()
                     if txs < 8:
-                        dec_sh[txs] = (part_sh[txs * 8] + part_sh[txs * 8 + 1] + part_sh[txs * 8 + 2]
-                                       + part_sh[txs * 8 + 3] + part_sh[txs * 8 + 4] + part_sh[txs * 8 + 5]
-                                       + part_sh[txs * 8 + 6] + part_sh[txs * 8 + 7])
+                        dec_sh[txs] = _sum8(part_sh, txs * 8)
                     T.sync_threads()
                     if txs == 0:
-                        skip_sh[0] = T.if_then_else(
-                            pc <= 4 * WG
-                            and dec_sh[0] + dec_sh[1] + dec_sh[2] + dec_sh[3] + dec_sh[4] + dec_sh[5] + dec_sh[6]
-                            + dec_sh[7] <= SKIP_M_LOG_DECAY,
-                            1, 0,
-                        )  # fmt: skip
+                        skip_sh[0] = T.if_then_else(pc <= 4 * WG and _sum8(dec_sh, 0) <= SKIP_M_LOG_DECAY, 1, 0)
                     T.sync_threads()
                 n_chunks = T.if_then_else(v0 >= dv and skip_sh[0] == 1, 0, pc)
             else:
