@@ -246,17 +246,9 @@ def chunk_gated_delta_rule_fwd(
         o, ht = run_fused(plan.cu_seqlens, plan.num_seqs, h0, use_h0)
     else:
         from .cp import run_cp
-        from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
-        def state_pass(cu: torch.Tensor) -> torch.Tensor:
-            hm = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, 2 * HEAD_DIM, dtype=torch.float32, device=q.device)
-            bv = choose_block_v_ws(2 * cpp.num_pieces, h_v, nsm)
-            fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, False, False, bv, False, 5, True)(
-                qf, kf, vf, g_cumsum, bf, a0, cu, hm
-            )
-            return hm
-
-        o, ht = run_cp(cpp, initial_state if use_h0 else None, state_pass,
+        o, ht = run_cp(cpp, initial_state if use_h0 else None,
+                       state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm),
                        lambda cu, init: run_fused(cu, cpp.num_pieces, init, True),
                        _combine_kernel if resolve_cp_combine() == "kernel" else None)
     if b != 1:  # packed [1, B*T, ...] back to [B, T, ...] (B = 1 is that shape already)
@@ -291,6 +283,23 @@ CP_ENV = "QLA_CP"
 CP_COMBINE_IMPLS = ("views", "kernel")
 CP_COMBINE_ENV = "QLA_CP_COMBINE"
 DEFAULT_CP_COMBINE = "kernel"
+
+
+def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int):
+    """CP's state pass on packed inputs (the warp-specialised kernel's state_pass build): piece cu_seqlens ->
+    [h | M] [P, H_v, K, 2V] fp32. Shared by the forward and the backward's stage 0 (bwd_api)."""
+    from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
+
+    h_v = vf.shape[2]
+    bv = choose_block_v_ws(2 * cpp.num_pieces, h_v, num_sms)
+    kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], False, False, bv, False, 5, True)
+
+    def state_pass(cu: torch.Tensor) -> torch.Tensor:
+        hm = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, 2 * HEAD_DIM, dtype=torch.float32, device=qf.device)
+        kernel(qf, kf, vf, g_cumsum, bf, a0, cu, hm)
+        return hm
+
+    return state_pass
 
 
 def resolve_cp_combine() -> str:

@@ -12,13 +12,26 @@ uses this on CUDA ($QLA_BWD_IMPL=torch selects the specification instead).
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 
-from .api import _TL_DTYPE, _dummy_state, _num_sms, _plan, _resolve, launcher, pack_tokens
+from .api import (
+    _TL_DTYPE,
+    _combine_kernel,
+    _dummy_state,
+    _num_sms,
+    _plan,
+    _resolve,
+    launcher,
+    pack_tokens,
+    resolve_cp_combine,
+    state_pass_launcher,
+)
 from .bwd_chunked import BwdOutput
 from .checks import HEAD_DIM, check_fwd_args
+from .cp_plan import CPHeuristics, CPPlan, plan_cp
 from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_block_v_ws
 
 # Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
@@ -71,17 +84,36 @@ DEFAULT_STATES_IMPL = "ws5"
 DSTATE_STEP_US = {32: 2.88, 64: 5.07}
 
 
+# Context parallelism for stages 0 and 1 (gdn/cp_bwd.py), priced by cp_plan's model with both chains in one
+# step: stage 0 is the forward's walk (CPHeuristics' fused steps) and stage 1 rev3's chain adds DSTATE_STEP_US
+# (at 128, two 64-wide slices' work). The state pass plus stage 1's pass A take the prep pass's place, and
+# there are two combines. NOT yet fitted to backward measurements (session 9's prediction, NOTES.md).
+BWD_CP_ENV = "QLA_BWD_CP"
+BWD_CP_HEURISTICS = CPHeuristics(
+    fused_step_us=((32, 1.6 + 2.88), (64, 2.0 + 5.07), (128, 3.0 + 2 * 5.07)),
+    piece_setup_us=30.0,
+    prep_step_scale=0.9,
+    combine_link_us=2 * 10.5,
+    combine_setup_us=2 * 13.5,
+)
+
+
 def choose_block_v_dstate(plan: ChunkPlan, h_v: int, num_sms: int) -> int:
     """V-slice of stage 1 rev3: the width with the shorter estimated chain time. One CTA per (sequence, head,
     slice) fits on an SM; the kernel takes the longest sequence's chain, or as many rounds of CTAs as the
     SMs need times the mean chain, whichever is longer. It reproduces the five measured configs to 3 %; the
     pair-count rule of rev1/rev2 picked 64 for one 31905-token sequence next to a short one (2.53 ms
     estimated against 1.48 at 32)."""
-    mean_chunks = plan.num_chunks / plan.num_seqs
+    return _dstate_width(plan.num_seqs, plan.max_chunks, plan.num_chunks, h_v, num_sms)
+
+
+def _dstate_width(chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int) -> int:
+    """choose_block_v_dstate's rule for `chains` chains (sequences, or CP's pieces) over num_chunks chunks."""
+    mean_chunks = num_chunks / chains
 
     def cost(bv: int) -> float:
-        ctas = plan.num_seqs * h_v * (HEAD_DIM // bv)
-        return DSTATE_STEP_US[bv] * max(plan.max_chunks, -(-ctas // num_sms) * mean_chunks)
+        ctas = chains * h_v * (HEAD_DIM // bv)
+        return DSTATE_STEP_US[bv] * max(max_chunks, -(-ctas // num_sms) * mean_chunks)
 
     return min(DSTATE_STEP_US, key=cost)
 
@@ -168,13 +200,7 @@ def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, 
     if bv > 64:  # rev2 spills at 128 (408 B) and rev3 needs 257 KiB of shared memory there: rev1
         rev = "rev1"
     if rev == "rev3":
-        from .bwd.dvl_wk import bwd_dvl_wk_kernel
-
-        dvl = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
-        wk = torch.empty(1, kf.shape[1], h_v, HEAD_DIM, dtype=kf.dtype, device=qf.device)
-        bwd_dvl_wk_kernel(HEAD_DIM, HEAD_DIM, scale, dt)(
-            qf, kf, gf, bf, af, dof, plan.cu_seqlens, plan.chunk_indices, dvl, wk
-        )
+        dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
         chain = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_dht, bv, 256, False, True, 2, True)
         chain(qf, kf, gf, dof, dvl, wk, dht_, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
         return DStateOutput(ds_next=ds_next, dv=None, dh0=dh0)
@@ -195,26 +221,102 @@ def _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens):
     return shape
 
 
-def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float) -> torch.Tensor:
-    """States at every chunk start [num_chunks,H_v,K,V] in q's dtype, from packed [1,T,...] inputs (stage 0)."""
-    from .fwd.fused_fwd import fused_fwd_kernel
+def resolve_bwd_cp() -> bool:
+    """Context parallelism for the backward's chains? Yes unless $QLA_BWD_CP is "0" (and only with the
+    default stage 0 and stage 1 kernels, ws5 and rev3, which the CP path runs)."""
+    value = os.environ.get(BWD_CP_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${BWD_CP_ENV} must be '0' or '1' (or unset: on), got {value!r}")
+    return value != "0"
+
+
+def _bwd_cp_plan(
+    plan: ChunkPlan, h_v: int, device: torch.device, cp: bool | None, cp_piece: int | None
+) -> CPPlan | None:
+    """The backward's context-parallel split (cp_plan with BWD_CP_HEURISTICS), or None: no split."""
+    if cp_piece is not None and cp_piece < 1:
+        raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
+    if not (resolve_bwd_cp() if cp is None else cp):
+        return None
+    if resolve_states_impl() != "ws5" or resolve_dstate_rev() != "rev3":
+        return None
+    cpp = plan_cp(plan, h_v, _num_sms(device), BWD_CP_HEURISTICS, piece_chunks=cp_piece)  # cached per plan
+    return cpp if cpp.enabled and cpp.num_pieces > cpp.num_seqs else None
+
+
+def _dvl_wk(qf, kf, gf, bf, af, dof, plan: ChunkPlan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1 rev3's parallel part: dvl = P^T dO [1,T,H_v,V] fp32 and Wk = Ag D K [1,T,H_v,K], every chunk."""
+    from .bwd.dvl_wk import bwd_dvl_wk_kernel
+
+    h_v = dof.shape[2]
+    dvl = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
+    wk = torch.empty(1, kf.shape[1], h_v, HEAD_DIM, dtype=kf.dtype, device=qf.device)
+    bwd_dvl_wk_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype])(
+        qf, kf, gf, bf, af, dof, plan.cu_seqlens, plan.chunk_indices, dvl, wk
+    )
+    return dvl, wk
+
+
+def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, cpp: CPPlan, scale: float):
+    """Stages 0 and 1 over CP's pieces (gdn/cp_bwd.py): (states, DStateOutput), as the plain stages give."""
+    from .bwd.dstate_chain import bwd_dstate_kernel
+    from .cp_bwd import dstate_cp, states_cp
+
+    h_v, nsm, dt = vf.shape[2], _num_sms(qf.device), _TL_DTYPE[qf.dtype]
+    combine_fn = _combine_kernel if resolve_cp_combine() == "kernel" else None
+    states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
+
+    def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
+        _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+
+    hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
+
+    dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
+    bv = _dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm)
+    ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+
+    def chain(ends: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+        use_ends = ends is not None
+        kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_ends, bv, 256, False, True, 2, True)
+        ends_ = ends if use_ends else _dummy_state(h_v, qf.device)
+        kernel(qf, kf, gf, dof, dvl, wk, ends_, cpp.cu_seqlens, cpp.chunk_offsets, ds_next, starts)
+        return ds_next, starts
+
+    ds, dh0 = dstate_cp(cpp, hm, dht.contiguous() if dht is not None else None, chain, combine_fn)
+    return states, DStateOutput(ds_next=ds, dv=None, dh0=dh0)
+
+
+def _store_states(qf, kf, vf, gf, bf, af, h0, cu, chunk_offsets, n: int, scale: float, states: torch.Tensor) -> None:
+    """The ws5 forward in state-store mode over n sequences (or pieces) from h0 (None: zero): writes states."""
+    from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
     h_v = vf.shape[2]
-    n = plan.num_seqs
     use_h0 = h0 is not None
-    states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
     o = torch.empty_like(vf)
     ht = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
     h0_ = h0.contiguous() if use_h0 else _dummy_state(h_v, qf.device)
+    bv = choose_block_v_ws(n, h_v, _num_sms(qf.device))  # the forward's slice width
     dt = _TL_DTYPE[qf.dtype]
-    if resolve_states_impl() == "ws5":
-        from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
+    kernel = launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, False, bv, False, 5, False, True))
+    kernel(qf, kf, vf, gf, bf, af, h0_, cu, o, ht, chunk_offsets, states)
 
-        bv = choose_block_v_ws(n, h_v, _num_sms(qf.device))  # the forward's slice width
-        kernel = launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, False, bv, False, 5, False, True))
-    else:
-        # V-slice 32: at 64 the store's addressing pushes the v2 kernel past 128 registers (12-20 B spilled)
-        kernel = fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, False, 32, store_states=True)
+
+def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float) -> torch.Tensor:
+    """States at every chunk start [num_chunks,H_v,K,V] in q's dtype, from packed [1,T,...] inputs (stage 0)."""
+    h_v = vf.shape[2]
+    states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
+    if resolve_states_impl() == "ws5":
+        _store_states(qf, kf, vf, gf, bf, af, h0, plan.cu_seqlens, plan.chunk_offsets, plan.num_seqs, scale, states)
+        return states
+    from .fwd.fused_fwd import fused_fwd_kernel
+
+    use_h0 = h0 is not None
+    o = torch.empty_like(vf)
+    ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+    h0_ = h0.contiguous() if use_h0 else _dummy_state(h_v, qf.device)
+    # V-slice 32: at 64 the store's addressing pushes the v2 kernel past 128 registers (12-20 B spilled)
+    kernel = fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], use_h0, False, 32, store_states=True)
     kernel(qf, kf, vf, gf, bf, af, h0_, plan.cu_seqlens, o, ht, plan.chunk_offsets, states)
     return states
 
@@ -251,12 +353,16 @@ def chunk_gated_delta_rule_bwd(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    cp: bool | None = None,
+    cp_piece: int | None = None,
 ) -> BwdOutput:
     """The TileLang GDN backward (FLA layout): the gradients of <o, do> + <final_state, dht>.
 
     g_cumsum [B,T,H_v] fp32 (chunk-local) and A [B,T,H_v,64] are the forward's outputs. Returns
     BwdOutput(dq, dk [B,T,H_qk,K] and dv in q's dtype (dq, dk summed over each GVA group in fp32),
     dbeta, dg [B,T,H_v] fp32 (dg of the raw log gate), dh0 [N,H_v,K,V] fp32 or None without h0).
+    cp (default: on unless $QLA_BWD_CP is "0") runs stages 0 and 1 piece-parallel (gdn/cp_bwd.py) where
+    the cost model (BWD_CP_HEURISTICS) predicts a gain, or always, in pieces of cp_piece chunks, when given.
     """
     shape = _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens)
     b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v
@@ -268,8 +374,12 @@ def chunk_gated_delta_rule_bwd(
     qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, A, do))
     gf, bf = (pack_tokens(x).float() for x in (g_cumsum, beta))
 
-    states = chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale)
-    stage1 = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, None)
+    cpp = _bwd_cp_plan(plan, h_v, q.device, cp, cp_piece)
+    if cpp is None:
+        states = chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale)
+        stage1 = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, None)
+    else:
+        states, stage1 = _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, cpp, scale)
     dv = torch.empty_like(vf) if stage1.dv is None else None  # then stage 2 writes it, in v's dtype
     dq_v, dk_v, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale, dv)
 

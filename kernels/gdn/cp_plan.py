@@ -216,6 +216,12 @@ class CPPlan:
     # the same links as host ints, position-major (every piece's state is final before it is read), so the
     # combine can run one GEMM per link on views instead of gathering and scattering through index tensors
     host_links: tuple[int, ...] = ()
+    # chunk_offsets [P+1] int32: the global index of every piece's first chunk (pieces start on chunk
+    # boundaries, so a piece's chunks keep their numbers: kernels that write per-chunk outputs over the
+    # pieces write where the whole-sequence run would); reverse_order [P] int64: each sequence's pieces
+    # last to first, in place (an involution), for the backward's reverse chain (gdn/cp_bwd.py)
+    chunk_offsets: torch.Tensor | None = None
+    reverse_order: torch.Tensor | None = None
 
     @property
     def enabled(self) -> bool:
@@ -225,7 +231,7 @@ class CPPlan:
 def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device: torch.device | str) -> CPPlan:
     """Pieces for host offsets `cu` under `decision` (pure; cu is assumed validated by plan.py)."""
     piece = decision.piece_chunks
-    offs, seq, idx, first = [], [], [], [0]
+    offs, seq, idx, first, chunk_offs = [], [], [], [0], [0]
     longest = 0
     for s, (a, b) in enumerate(itertools.pairwise(cu)):
         chunks = -(-(b - a) // CHUNK)
@@ -234,10 +240,12 @@ def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device:
             offs.append(start)
             seq.append(s)
             idx.append(i)
+            chunk_offs.append(chunk_offs[-1] + c)
             longest = max(longest, c)
             start = min(b, start + c * CHUNK)
         first.append(len(offs))
     offs.append(cu[-1])
+    reverse = [first[s] + first[s + 1] - 1 - p for s in range(len(cu) - 1) for p in range(first[s], first[s + 1])]
 
     def dev(x, dtype=torch.int32):
         return torch.tensor(x, dtype=dtype).to(device)
@@ -251,7 +259,8 @@ def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device:
     return CPPlan(decision=decision, cu_seqlens=dev(offs), piece_seq=dev(seq), piece_index=dev(idx),
                   seq_first_piece=dev(first), num_pieces=len(seq), num_seqs=len(cu) - 1,
                   max_piece_chunks=longest, links=tuple(links), first_piece=dev(first[:-1], torch.int64),
-                  last_piece=dev([f - 1 for f in first[1:]], torch.int64), host_links=tuple(host_links))
+                  last_piece=dev([f - 1 for f in first[1:]], torch.int64), host_links=tuple(host_links),
+                  chunk_offsets=dev(chunk_offs), reverse_order=dev(reverse, torch.int64))
 
 
 _cache: OrderedDict[tuple, tuple[weakref.ref, CPPlan]] = OrderedDict()

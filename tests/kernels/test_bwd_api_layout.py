@@ -47,7 +47,7 @@ def test_gradients_come_back_in_the_input_layout(monkeypatch, b, t, h_qk, h_v, c
         return packed_dq, packed_dk, packed_dbeta, packed_dg
 
     monkeypatch.setattr(bwd_api, "chunk_bwd_grads", stage2)
-    out = bwd_api.chunk_gated_delta_rule_bwd(q, k, v, g, beta, a0, do, None, None, h0, cu_t)
+    out = bwd_api.chunk_gated_delta_rule_bwd(q, k, v, g, beta, a0, do, None, None, h0, cu_t, cp=False)
 
     assert out.dq.shape == q.shape and out.dk.shape == k.shape and out.dv.shape == v.shape
     assert out.dbeta.shape == beta.shape and out.dg.shape == g.shape and out.dh0.shape == h0.shape
