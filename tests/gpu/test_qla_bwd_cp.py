@@ -61,20 +61,23 @@ def test_bwd_cp_matches_float64_and_plain(name):
         None if cu is None else cu.cpu(),
     )  # fmt: skip
     errs = {x: rel_l2(with_cp[x], ref[x]) for x in with_cp}
-    vs_plain = {x: rel_l2(with_cp[x], plain[x]) for x in with_cp}
-    heads = {x: max(rel_l2(with_cp[x][..., h, :] if x not in ("dg", "dbeta", "dh0") else
-                           (with_cp[x][:, h] if x == "dh0" else with_cp[x][..., h]),
-                           ref[x][..., h, :] if x not in ("dg", "dbeta", "dh0") else
-                           (ref[x][:, h] if x == "dh0" else ref[x][..., h]))
-                    for h in range(with_cp[x].shape[1 if x == "dh0" else 2]))
-             for x in with_cp}  # fmt: skip
+    plain_errs = {x: rel_l2(plain[x], ref[x]) for x in plain}
+    # each head's error over the whole gradient's norm: a head with a wrong transition (the g = 0 one needs
+    # the exact M) stands out; a head whose gradient is ~0 (strong decay: dg) adds nothing
+    heads = {x: _worst_head(with_cp[x], ref[x], 1 if x == "dh0" else 2) for x in with_cp}
     print(f"\n[bwd-cp] {name} pieces={cp_plan.num_pieces}: " + " ".join(f"{x}={e:.2e}" for x, e in errs.items())
-          + " | vs plain " + " ".join(f"{x}={e:.1e}" for x, e in vs_plain.items())
+          + " | plain " + " ".join(f"{x}={e:.2e}" for x, e in plain_errs.items())
           + " | worst head " + " ".join(f"{x}={e:.1e}" for x, e in heads.items()))  # fmt: skip
     for x, e in errs.items():
         assert e <= TOL[x], (x, e)
-        assert heads[x] <= 2 * TOL[x], (x, heads[x])  # the g = 0 and strong-decay heads alone
-        assert vs_plain[x] <= 5e-3, (x, vs_plain[x])
+        assert heads[x] <= TOL[x], (x, heads[x])
+        assert e <= 1.1 * plain_errs[x] + 1e-4, (x, e, plain_errs[x])  # CP adds no error of its own
+
+
+def _worst_head(got: torch.Tensor, ref: torch.Tensor, dim: int) -> float:
+    got, ref = got.double().cpu(), ref.double().cpu()
+    worst = max((got.select(dim, h) - ref.select(dim, h)).norm().item() for h in range(got.shape[dim]))
+    return worst / max(ref.norm().item(), 1e-30)
 
 
 BWD_CP_TIMING = [  # (h_qk, h_v, mix): where the chains set the backward's time (qwen35-bwd's few-head rows)

@@ -147,3 +147,43 @@ def test_time_cp():
     with open(os.path.join(out_dir, "cp_timing.json"), "w") as fh:
         json.dump({"timer": "cuda-events, L2 flushed, median of 30, whole forward",
                    "device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
+
+
+# Many heads on long, uneven mixes: qwen35-fwd configs where FlashQLA led after session 8 (0.76-0.93x) and the
+# cost model declined CP (session 9 asks whether it should split them)
+MIX_TIMING = [(16, 48, [4096, 28672]), (8, 24, [4096, 28672]), (16, 64, [28672, 4096]), (4, 16, [8192, 24576]),
+              (16, 16, [8192, 24576])]  # fmt: skip
+MIX_PIECES = (32, 64, 128)
+
+
+def test_time_cp_mixes():
+    """The default forward (CP as the model decides), no CP, and forced piece lengths; $OUT/cp_mix_timing.json."""
+    import itertools
+
+    from qla_kernels.gdn.api import _cp_plan, _num_sms, _plan
+
+    flusher = L2Flusher(torch.device("cuda"))
+    rows = []
+    for h_qk, h_v, lens in MIX_TIMING:
+        (q, k, v, g, beta), s0 = make_inputs(1, sum(lens), h_qk, h_v, seed=0, n=len(lens))
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        cpp = _cp_plan(_plan(q, cu), h_v, _num_sms(q.device), True, None)
+        row = {"h_qk": h_qk, "h_v": h_v, "seqs": "+".join(map(str, lens)),
+               "model_piece": cpp.decision.piece_chunks if cpp else None}  # fmt: skip
+
+        def timed(args=(q, k, v, g, beta), s0=s0, cu=cu, **kw):
+            fn = lambda: chunk_gated_delta_rule_fwd(*args, initial_state=s0, cu_seqlens=cu, **kw)  # noqa: E731
+            return statistics.median(time_cuda_events(fn, 30, flusher).samples_ms)
+
+        row["default"] = timed()
+        row["no_cp"] = timed(cp=False)
+        for piece in MIX_PIECES:
+            row[f"cp{piece}"] = timed(cp=True, cp_piece=piece)
+        rows.append(row)
+        print(f"[cp-mix-timing] {h_qk}/{h_v} {row['seqs']} model piece {row['model_piece']}: " + " ".join(
+            f"{c}={row[c]:.4f}" for c in row if c not in ("h_qk", "h_v", "seqs", "model_piece")), flush=True)
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "cp_mix_timing.json"), "w") as fh:
+        json.dump({"timer": "cuda-events, L2 flushed, median of 30, whole forward",
+                   "device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
