@@ -44,12 +44,11 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v4": ("v3", (True, 6, False, True, False, True, True)),
     # v4 with L's first 16 rows dropped (L00 parked inside): six CTAs per SM instead of five
     "v5": ("v3", (True, 6, False, True, False, True, True, True)),
-    # v4 built with TileLang's aggressive shared-memory merge (34.5 KiB), alone and solving 2 or 4 items per
-    # CTA (session 8; measuring only: is v4 bound by how fast its CTAs start and finish? CPU-checked, NOT yet
-    # run on a GPU)
-    "v4m": ("v3m", (True, 6, False, True, False, True, True, False, 1)),
-    "v6": ("v3m", (True, 6, False, True, False, True, True, False, 2)),
-    "v6x4": ("v3m", (True, 6, False, True, False, True, True, False, 4)),
+    # v4 built with TileLang's aggressive shared-memory merge (34.5 KiB instead of 38.8; session 8). On the
+    # H200 (session 9) its A0 equals v4's bit for bit at v4's speed (0.589 ms at 16/64 8192x4): shared memory
+    # does not limit v4. (Session 8's two- and four-items-per-CTA builds, v6 and v6x4, hung on the H200: the
+    # parser rolls the items into a loop whose TMA barrier waits on parity 0 every time; they are not offered.)
+    "v4m": ("v3m", (True, 6, False, True, False, True, True, False)),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"

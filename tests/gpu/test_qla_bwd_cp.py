@@ -71,7 +71,11 @@ def test_bwd_cp_matches_float64_and_plain(name):
     for x, e in errs.items():
         assert e <= TOL[x], (x, e)
         assert heads[x] <= TOL[x], (x, heads[x])
-        assert e <= 1.1 * plain_errs[x] + 1e-4, (x, e, plain_errs[x])  # CP adds no error of its own
+        # CP adds no error of its own: within 1.1x the plain backward's, except dg's, which one head's few
+        # large terms dominate, so two roundings of the same chains differ more: on the H200 (session 9, four
+        # cases) CP's dg error was 0.58-1.46x the plain one's, lower on two of the four
+        bound = 1.5 if x == "dg" else 1.1
+        assert e <= bound * plain_errs[x] + 1e-4, (x, e, plain_errs[x])
 
 
 def _worst_head(got: torch.Tensor, ref: torch.Tensor, dim: int) -> float:

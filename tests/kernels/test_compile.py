@@ -102,18 +102,6 @@ def test_kkt_solve_v3_hoisted_compiles():
     assert rep.registers <= 65536 // (128 * 6), rep.line()
 
 
-def test_kkt_solve_several_items_per_cta_fit_like_one():
-    """kkt v6 (two items per CTA) needs the aggressive shared-memory merge: with it, the same shared memory
-    as one item; without it, none of the buffers is reused (session 8: 102.8 KiB)."""
-    from qla_kernels.gdn.api import KKT_IMPLS
-    from qla_kernels.gdn.fwd.kkt_solve_v3 import MERGED_PASS_CONFIGS, kkt_solve_v3_program
-
-    one = build_sm90a(kkt_solve_v3_program(128, "bfloat16", *KKT_IMPLS["v4m"][1]), MERGED_PASS_CONFIGS)
-    two = build_sm90a(kkt_solve_v3_program(128, "bfloat16", *KKT_IMPLS["v6"][1]), MERGED_PASS_CONFIGS)
-    assert two.dyn_smem_bytes == one.dyn_smem_bytes <= 40 * 1024, (one.line(), two.line())
-    assert two.spill_stores == 0 and two.spill_loads == 0, two.line()
-
-
 @pytest.mark.parametrize("use_h0", [True, False])
 def test_cp_combine_kernel_compiles(use_h0):
     from qla_kernels.gdn.fwd.cp_combine import BLOCK_V, PASS_CONFIGS, cp_combine_program

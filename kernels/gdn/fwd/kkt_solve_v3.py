@@ -76,7 +76,6 @@ def kkt_solve_v3_program(
     lean_scatter: bool = False,
     tma_k: bool = False,
     fold_l00: bool = False,
-    items_per_cta: int = 1,
 ):
     """TileLang program with kkt_solve_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values.
@@ -114,16 +113,14 @@ def kkt_solve_v3_program(
     shared memory, so six CTAs fit an SM instead of five (v4 ran 3.6 CTAs in flight per SM on the H200).
     Measured there (session 7): v4's time and v4's CTAs in flight, so shared memory was not the limit.
 
-    items_per_cta > 1 makes each CTA solve that many consecutive (chunk, value head) items one after the
-    other (head fastest: GVA siblings, then the next chunk), the grid that many times smaller: whether v4's
-    ~3.6 CTAs in flight per SM are bound by how fast CTAs start and finish. The items are traced one after
-    the other in straight-line code (a surplus item of the last CTA redoes the last item: the same values
-    written again); build it with MERGED_PASS_CONFIGS, or its shared buffers are not reused across items.
+    (Session 8 also had several items per CTA, to ask whether v4 is bound by how fast its CTAs start and
+    finish: on the H200 those builds hung. The parser turns the items' Python loop into a device loop,
+    and the TMA barrier was waited on with parity 0 in every iteration. They were removed in session 9;
+    the one-item build with MERGED_PASS_CONFIGS, kkt v4m, runs at v4's speed.)
     """
     assert not (profile and cpu_debug)
     assert not (tma_k and cpu_debug)
     assert not fold_l00 or lean_scatter
-    assert items_per_cta >= 1 and (items_per_cta == 1 or not profile)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -413,16 +410,10 @@ def kkt_solve_v3_program(
 
     @T.macro
     def body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, prof):
-        grid = nc * h_v if items_per_cta == 1 else T.ceildiv(nc * h_v, items_per_cta)
-        with T.Kernel(grid, threads=128) as (bid,):
+        with T.Kernel(nc * h_v, threads=128) as (bid,):
             if min_blocks_per_sm > 0 and not cpu_debug:
                 T.annotate_min_blocks_per_sm(min_blocks_per_sm)
-            if items_per_cta == 1:
-                solve_item(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, prof, bid)
-            else:
-                for it in range(items_per_cta):
-                    solve_item(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, prof,
-                               T.min(bid * items_per_cta + it, nc * h_v - 1))
+            solve_item(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, prof, bid)
 
     if profile:
 
@@ -457,7 +448,6 @@ def kkt_solve_v3_program(
 
 
 kkt_solve_v3_kernel = tilelang.jit(kkt_solve_v3_program, pass_configs=PASS_CONFIGS)
-# TileLang's aggressive shared-memory merge: the only way the several-items-per-CTA build gets its buffers
-# reused across items (without it 102.8 KiB, with it 34.5 KiB; v4's one-item build 38.8 -> 34.5 KiB)
+# TileLang's aggressive shared-memory merge (kkt v4m): v4's buffers in 34.5 KiB instead of 38.8
 MERGED_PASS_CONFIGS = {**PASS_CONFIGS, tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True}
 kkt_solve_v3_merged_kernel = tilelang.jit(kkt_solve_v3_program, pass_configs=MERGED_PASS_CONFIGS)
