@@ -30,8 +30,9 @@ from .api import (
     state_pass_launcher,
 )
 from .bwd_chunked import BwdOutput
+from .bwd_cp_plan import bwd_piece_chunks, dstate_width
 from .checks import HEAD_DIM, check_fwd_args
-from .cp_plan import CPHeuristics, CPPlan, plan_cp
+from .cp_plan import CPPlan, plan_cp
 from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_block_v_ws
 
 # Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
@@ -78,24 +79,8 @@ STATES_IMPL_ENV = "QLA_BWD_STATES"
 DEFAULT_STATES_IMPL = "ws5"
 
 
-# Stage 1 rev3's chain: one step of one CTA (microseconds, on the H200) by V-slice width, from
-# tests/gpu/test_qla_bwd.py::test_time_dstate_block_v (session 6: stage 1 less its parallel part over the
-# chain steps; 2.85-2.90 us at 32 and 5.0-5.1 us at 64 on five configs).
-DSTATE_STEP_US = {32: 2.88, 64: 5.07}
-
-
-# Context parallelism for stages 0 and 1 (gdn/cp_bwd.py), priced by cp_plan's model with both chains in one
-# step: stage 0 is the forward's walk (CPHeuristics' fused steps) and stage 1 rev3's chain adds DSTATE_STEP_US
-# (at 128, two 64-wide slices' work). The state pass plus stage 1's pass A take the prep pass's place, and
-# there are two combines. NOT yet fitted to backward measurements (session 9's prediction, NOTES.md).
+# Context parallelism for stages 0 and 1 (gdn/cp_bwd.py), decided by bwd_cp_plan's model ($QLA_BWD_CP=0: off).
 BWD_CP_ENV = "QLA_BWD_CP"
-BWD_CP_HEURISTICS = CPHeuristics(
-    fused_step_us=((32, 1.6 + 2.88), (64, 2.0 + 5.07), (128, 3.0 + 2 * 5.07)),
-    piece_setup_us=30.0,
-    prep_step_scale=0.9,
-    combine_link_us=2 * 10.5,
-    combine_setup_us=2 * 13.5,
-)
 
 
 def choose_block_v_dstate(plan: ChunkPlan, h_v: int, num_sms: int) -> int:
@@ -104,18 +89,7 @@ def choose_block_v_dstate(plan: ChunkPlan, h_v: int, num_sms: int) -> int:
     SMs need times the mean chain, whichever is longer. It reproduces the five measured configs to 3 %; the
     pair-count rule of rev1/rev2 picked 64 for one 31905-token sequence next to a short one (2.53 ms
     estimated against 1.48 at 32)."""
-    return _dstate_width(plan.num_seqs, plan.max_chunks, plan.num_chunks, h_v, num_sms)
-
-
-def _dstate_width(chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int) -> int:
-    """choose_block_v_dstate's rule for `chains` chains (sequences, or CP's pieces) over num_chunks chunks."""
-    mean_chunks = num_chunks / chains
-
-    def cost(bv: int) -> float:
-        ctas = chains * h_v * (HEAD_DIM // bv)
-        return DSTATE_STEP_US[bv] * max(max_chunks, -(-ctas // num_sms) * mean_chunks)
-
-    return min(DSTATE_STEP_US, key=cost)
+    return dstate_width(plan.num_seqs, plan.max_chunks, plan.num_chunks, h_v, num_sms)
 
 
 def resolve_states_impl() -> str:
@@ -233,14 +207,18 @@ def resolve_bwd_cp() -> bool:
 def _bwd_cp_plan(
     plan: ChunkPlan, h_v: int, device: torch.device, cp: bool | None, cp_piece: int | None
 ) -> CPPlan | None:
-    """The backward's context-parallel split (cp_plan with BWD_CP_HEURISTICS), or None: no split."""
+    """The backward's context-parallel split (bwd_cp_plan's choice, or cp_piece), or None: no split."""
     if cp_piece is not None and cp_piece < 1:
         raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
     if not (resolve_bwd_cp() if cp is None else cp):
         return None
     if resolve_states_impl() != "ws5" or resolve_dstate_rev() != "rev3":
         return None
-    cpp = plan_cp(plan, h_v, _num_sms(device), BWD_CP_HEURISTICS, piece_chunks=cp_piece)  # cached per plan
+    nsm = _num_sms(device)
+    piece = cp_piece if cp_piece is not None else bwd_piece_chunks(plan, h_v, nsm)  # cached per plan
+    if piece is None:
+        return None
+    cpp = plan_cp(plan, h_v, nsm, piece_chunks=piece)  # cached per plan
     return cpp if cpp.enabled and cpp.num_pieces > cpp.num_seqs else None
 
 
@@ -272,7 +250,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
 
     dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
-    bv = _dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm)
+    bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm)
     ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
 
     def chain(ends: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,7 +340,7 @@ def chunk_gated_delta_rule_bwd(
     BwdOutput(dq, dk [B,T,H_qk,K] and dv in q's dtype (dq, dk summed over each GVA group in fp32),
     dbeta, dg [B,T,H_v] fp32 (dg of the raw log gate), dh0 [N,H_v,K,V] fp32 or None without h0).
     cp (default: on unless $QLA_BWD_CP is "0") runs stages 0 and 1 piece-parallel (gdn/cp_bwd.py) where
-    the cost model (BWD_CP_HEURISTICS) predicts a gain, or always, in pieces of cp_piece chunks, when given.
+    bwd_cp_plan's cost model predicts a gain, or always, in pieces of cp_piece chunks, when given.
     """
     shape = _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens)
     b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v

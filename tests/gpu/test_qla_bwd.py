@@ -211,7 +211,7 @@ def _time_block_v_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
 def test_time_dstate_block_v():
     """Stage 1 rev3's V-slice measured both ways, with its parallel part (bwd/dvl_wk.py) alone and the
     other stages, on configs either side of the width rules; $OUT/bwd_block_v.json. Not an assertion on
-    speed: it is what bwd_api.DSTATE_STEP_US and choose_block_v_dstate are fitted from."""
+    speed: it is what bwd_cp_plan.DSTATE_STEP_US and choose_block_v_dstate are fitted from."""
     import json
     import os
 

@@ -6,7 +6,7 @@
    reference (issue 6's tolerances) and against the same call without CP, on GVA 1-4, ragged lengths, a
    g = 0 head (exact M), a strong-decay head (M skipped), fixed-length batches, h0 and dht;
 2. timings (CUDA events, L2 flushed, median of 20) of the whole backward without CP, with the cost model's
-   choice and at forced piece lengths; written to $OUT/bwd_cp_timing.json (fits bwd_api.BWD_CP_HEURISTICS).
+   choice and at forced piece lengths; written to $OUT/bwd_cp_timing.json (what bwd_cp_plan.py is checked against).
 """
 
 import itertools

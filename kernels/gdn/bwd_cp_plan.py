@@ -1,0 +1,104 @@
+"""Whether, and in pieces of how many chunks, the backward runs its chains context-parallel (gdn/cp_bwd.py).
+
+Pure python, tested on CPU. The backward's chains are stage 0 (the forward's walk storing every chunk's
+state) and stage 1 rev3 (the reverse chain of state gradients). Their cost, by piece length L:
+
+    no CP : the forward's walk over the sequences (cp_plan.predict_us without pieces)
+            + stage 1 over the sequences (stage1_chain_us)
+    CP    : the forward's CP cost at L (cp_plan.predict_us: state pass, combine, walk over the pieces)
+            + stage 1 twice over the pieces (pass A from zero, pass B from the exact ends), each
+              + PASS_SETUP_US, + one more combine (cp_plan's combine_setup_us + links x combine_link_us)
+
+Nothing here is fitted beyond the two models it composes (cp_plan.CPHeuristics, DSTATE_STEP_US) and
+PASS_SETUP_US: on the H200 (session 9, tests/gpu/test_qla_bwd_cp.py::test_time_bwd_cp and two qwen35-bwd
+rows) it reproduces the measured change of the whole backward at 29 (config, L) points, from -1.47 ms to
++3.6 ms, mostly within 0.1 ms, and it predicts the two 8-sequence mixes where CP lost (+0.20 and +0.73 ms
+predicted, +0.20 and +0.85 measured): there the SMs are already full, and stage 1 twice costs more than it
+saves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections import OrderedDict
+
+from .checks import HEAD_DIM
+from .cp_plan import DEFAULT_HEURISTICS, CPHeuristics, predict_us, split_counts
+from .plan import CHUNK, ChunkPlan
+
+# Stage 1 rev3's chain: one step of one CTA (microseconds, on the H200) by V-slice width, from
+# tests/gpu/test_qla_bwd.py::test_time_dstate_block_v (session 6: stage 1 less its parallel part over the
+# chain steps; 2.85-2.90 us at 32 and 5.0-5.1 us at 64 on five configs).
+DSTATE_STEP_US = {32: 2.88, 64: 5.07}
+
+PASS_SETUP_US = 20.0  # a stage-1 pass over pieces beyond its steps (launch, first loads)
+MARGIN = 0.05  # CP must be predicted at least this much faster than no CP
+_CACHE_SIZE = 64
+
+
+def dstate_width(chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int) -> int:
+    """Stage 1 rev3's V-slice for `chains` chains (sequences, or pieces): the width with the shorter
+    estimated time (_chain_us)."""
+    return min(DSTATE_STEP_US, key=lambda bv: _chain_us(bv, chains, max_chunks, num_chunks, h_v, num_sms))
+
+
+def _chain_us(bv: int, chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int) -> float:
+    """One CTA per (chain, head, slice) fits on an SM; the kernel takes the longest chain, or as many rounds
+    of CTAs as the SMs need times the mean chain, whichever is longer."""
+    ctas = chains * h_v * (HEAD_DIM // bv)
+    return DSTATE_STEP_US[bv] * max(max_chunks, -(-ctas // num_sms) * num_chunks / chains)
+
+
+def stage1_chain_us(chunks: list[int], h_v: int, num_sms: int) -> float:
+    """Stage 1's chain over chains of `chunks` chunks each, at the width it would run."""
+    n, longest, total = len(chunks), max(chunks), sum(chunks)
+    return _chain_us(dstate_width(n, longest, total, h_v, num_sms), n, longest, total, h_v, num_sms)
+
+
+def predict_bwd_chains_us(
+    chunks: list[int], h_v: int, num_sms: int, piece: int | None, h: CPHeuristics = DEFAULT_HEURISTICS
+) -> float:
+    """Predicted time of stages 0 and 1 for sequences of `chunks` chunks, in pieces of `piece` (None: no CP)."""
+    stage0 = predict_us(chunks, h_v, num_sms, piece, h)[0]
+    pieces = [p for c in chunks for p in split_counts(c, piece)]
+    if piece is None or len(pieces) == len(chunks):
+        return stage0 + stage1_chain_us(chunks, h_v, num_sms)
+    links = max(len(split_counts(c, piece)) for c in chunks) - 1
+    combine = h.combine_setup_us + links * h.combine_link_us
+    return stage0 + 2 * (stage1_chain_us(pieces, h_v, num_sms) + PASS_SETUP_US) + combine
+
+
+def choose_bwd_cp(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS) -> int | None:
+    """The piece length with the shortest predicted chains, or None when none beats no CP by MARGIN."""
+    if h_v < 1 or num_sms < 1 or not chunks or min(chunks) < 1:
+        raise ValueError(f"need h_v >= 1, num_sms >= 1 and sequences of >= 1 chunk; got h_v={h_v}, "
+                         f"num_sms={num_sms}, chunks={chunks[:8]}")  # fmt: skip
+    base = predict_bwd_chains_us(chunks, h_v, num_sms, None, h)
+    best, best_us = None, base
+    for piece in h.piece_candidates(max(chunks)):
+        t = predict_bwd_chains_us(chunks, h_v, num_sms, piece, h)
+        if t < best_us:
+            best, best_us = piece, t
+    return best if best is not None and best_us <= base * (1.0 - MARGIN) else None
+
+
+_cache: OrderedDict[tuple, tuple[weakref.ref, int | None]] = OrderedDict()
+
+
+def bwd_piece_chunks(chunk_plan: ChunkPlan, h_v: int, num_sms: int) -> int | None:
+    """choose_bwd_cp for a ChunkPlan's sequences, cached per (plan object, h_v, #SM): decided once per
+    cu_seqlens, from the host offsets the plan holds (no host sync)."""
+    key = (id(chunk_plan), h_v, num_sms)
+    hit = _cache.get(key)
+    if hit is not None and hit[0]() is chunk_plan:
+        _cache.move_to_end(key)
+        return hit[1]
+    cu = chunk_plan.cu_host
+    if len(cu) < 2:
+        raise ValueError("the ChunkPlan has no host offsets (cu_host); build it with plan.build_plan_from_list")
+    piece = choose_bwd_cp([-(-(b - a) // CHUNK) for a, b in itertools.pairwise(cu)], h_v, num_sms)
+    _cache[key] = (weakref.ref(chunk_plan), piece)
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return piece
