@@ -49,7 +49,7 @@ def _install(install_module, calls):
 
 def test_modes_and_flags(monkeypatch):
     pytest.importorskip("qla_kernels.gdn.api")
-    for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE"):
+    for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE", "QLA_BWD_CP"):
         monkeypatch.delenv(var, raising=False)
     b = QlaBackend()
     assert b.modes == ("fwd", "bwd", "train")
@@ -64,6 +64,9 @@ def test_modes_and_flags(monkeypatch):
         "v3", "v2", "on (combine: views)")
     monkeypatch.setenv("QLA_CP", "0")
     assert b.env_flags()["qla_cp"] == "off"
+    assert b.env_flags()["qla_bwd_cp"].startswith("on")
+    monkeypatch.setenv("QLA_BWD_CP", "0")
+    assert b.env_flags()["qla_bwd_cp"] == "off"
 
 
 def test_bwd_and_train_map_the_six_gradients(make_inputs, naive_gdn_grads, install_module):

@@ -73,3 +73,15 @@ def test_cached_per_plan():
     assert bwd_piece_chunks(plan, 4, SMS) == 64
     key = (id(plan), 4, SMS)
     assert key in _cache and bwd_piece_chunks(plan, 4, SMS) == 64
+
+
+def test_env_switch(monkeypatch):
+    from qla_kernels.gdn.bwd_api import resolve_bwd_cp
+
+    monkeypatch.delenv("QLA_BWD_CP", raising=False)
+    assert resolve_bwd_cp()
+    monkeypatch.setenv("QLA_BWD_CP", "0")
+    assert not resolve_bwd_cp()
+    monkeypatch.setenv("QLA_BWD_CP", "yes")
+    with pytest.raises(ValueError, match="QLA_BWD_CP"):
+        resolve_bwd_cp()
