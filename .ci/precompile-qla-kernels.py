@@ -71,10 +71,12 @@ def variants() -> list[tuple[str, str, tuple]]:
             for rev2 in (False, True) if bv <= 64 else (False,):  # bwd_api runs rev1 at 128 (rev2 spills)
                 out.append((f"bwd dstate chain {'rev2' if rev2 else 'rev1'} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, rev2)))  # fmt: skip
-    for bv in (64, 32):  # stage 1 rev3 (bwd_api runs it at 32 and 64) and its parallel part
-        for use_dht in (True, False):
-            out.append((f"bwd dstate chain rev3 bv{bv} dht={use_dht}", "bwd_dstate_kernel",
-                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True)))  # fmt: skip
+    for rev in ("rev3", "rev4"):  # stage 1 rev3/rev4 (bwd_api runs them at 32 and 64) and their parallel part
+        for bv in (64, 32):
+            for use_dht in (True, False):
+                out.append((f"bwd dstate chain {rev} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
+                            (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True,
+                             rev == "rev4")))  # fmt: skip
     out.append(("bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
     for rev in ("rev4", "rev6"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
         threads, *flags = GRADS_FLAGS[rev]
@@ -96,8 +98,9 @@ def variants() -> list[tuple[str, str, tuple]]:
         out.append((f"fp16 bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags, True)))  # fmt: skip
     out.append(("fp16 bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "float16")))
-    out.append(("fp16 bwd dstate chain rev3 bv32 dht=True", "bwd_dstate_kernel",
-                (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, 32, 256, False, True, 2, True)))  # fmt: skip
+    for rev in ("rev3", "rev4"):
+        args = (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, 32, 256, False, True, 2, True, rev == "rev4")
+        out.append((f"fp16 bwd dstate chain {rev} bv32 dht=True", "bwd_dstate_kernel", args))
     for use_h0 in (True, False):  # bwd_api.chunk_states: the v2 forward storing every chunk's start state
         out.append((f"v2 state store bv32 h0={use_h0}", "fused_fwd_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, 32, 256, 2, True)))  # fmt: skip

@@ -39,11 +39,14 @@ from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_bloc
 # software pipeline (the forward v2's recipe), 2.4-2.7x rev1's speed. Both checked on the H200 (session 5).
 # "rev3": dvl = P^T dO and Wk = Ag D K for every chunk in parallel first (bwd/dvl_wk.py), then a chain of
 # three GEMMs per step instead of six; dv then comes from stage 2. On the H200 (session 6) it passes and
-# takes 1.56 ms at 2/8 1x32768 (rev2 2.83) and 2.08 at 16/32 1x32768 (rev2 2.66): the default.
+# takes 1.56 ms at 2/8 1x32768 (rev2 2.83) and 2.08 at 16/32 1x32768 (rev2 2.66).
+# "rev4": rev3 with Q^T (scale D dO) from the operand's rounded high and low parts (one more GEMM a step):
+# rev3's single bf16 rounding of it set dh0's error to 1.24-1.26x FLA's on qwen35-bwd (session 9): the default.
 # $QLA_BWD_DSTATE overrides the default.
-DSTATE_REVS = ("rev1", "rev2", "rev3")
+DSTATE_REVS = ("rev1", "rev2", "rev3", "rev4")
+PRECOMPUTED_DSTATE_REVS = ("rev3", "rev4")  # the chain over bwd/dvl_wk.py's parts (dv from stage 2)
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
-DEFAULT_DSTATE_REV = "rev3"
+DEFAULT_DSTATE_REV = "rev4"
 
 # Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (the profile build put
 # 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a sequence's end zeroed in shared
@@ -162,7 +165,7 @@ def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, 
     rev = resolve_dstate_rev()
     if block_v is not None:
         bv = block_v
-    elif rev == "rev3":
+    elif rev in PRECOMPUTED_DSTATE_REVS:
         bv = choose_block_v_dstate(plan, h_v, _num_sms(qf.device))
     else:
         bv = choose_block_v(n, h_v)
@@ -173,9 +176,9 @@ def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, 
     dt = _TL_DTYPE[qf.dtype]
     if bv > 64:  # rev2 spills at 128 (408 B) and rev3 needs 257 KiB of shared memory there: rev1
         rev = "rev1"
-    if rev == "rev3":
+    if rev in PRECOMPUTED_DSTATE_REVS:
         dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
-        chain = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_dht, bv, 256, False, True, 2, True)
+        chain = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_dht, bv, 256, False, True, 2, True, rev == "rev4")
         chain(qf, kf, gf, dof, dvl, wk, dht_, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
         return DStateOutput(ds_next=ds_next, dv=None, dh0=dh0)
     dv = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
@@ -197,7 +200,7 @@ def _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens):
 
 def resolve_bwd_cp() -> bool:
     """Context parallelism for the backward's chains? Yes unless $QLA_BWD_CP is "0" (and only with the
-    default stage 0 and stage 1 kernels, ws5 and rev3, which the CP path runs)."""
+    stage 0 and stage 1 kernels the CP path runs: ws5 and rev3 or rev4)."""
     value = os.environ.get(BWD_CP_ENV, "").strip()
     if value not in ("", "0", "1"):
         raise ValueError(f"${BWD_CP_ENV} must be '0' or '1' (or unset: on), got {value!r}")
@@ -212,7 +215,7 @@ def _bwd_cp_plan(
         raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
     if not (resolve_bwd_cp() if cp is None else cp):
         return None
-    if resolve_states_impl() != "ws5" or resolve_dstate_rev() != "rev3":
+    if resolve_states_impl() != "ws5" or resolve_dstate_rev() not in PRECOMPUTED_DSTATE_REVS:
         return None
     nsm = _num_sms(device)
     piece = cp_piece if cp_piece is not None else bwd_piece_chunks(plan, h_v, nsm)  # cached per plan
@@ -241,6 +244,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     from .cp_bwd import dstate_cp, states_cp
 
     h_v, nsm, dt = vf.shape[2], _num_sms(qf.device), _TL_DTYPE[qf.dtype]
+    split = resolve_dstate_rev() == "rev4"
     combine_fn = _combine_kernel if resolve_cp_combine() == "kernel" else None
     states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
 
@@ -256,7 +260,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     def chain(ends: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
         use_ends = ends is not None
-        kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_ends, bv, 256, False, True, 2, True)
+        kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_ends, bv, 256, False, True, 2, True, split)
         ends_ = ends if use_ends else _dummy_state(h_v, qf.device)
         kernel(qf, kf, gf, dof, dvl, wk, ends_, cpp.cu_seqlens, cpp.chunk_offsets, ds_next, starts)
         return ds_next, starts

@@ -92,26 +92,31 @@ def test_chain_matches_float64(kernels, case, pipelined):
 
 @pytest.fixture(scope="module")
 def rev3_kernels():
-    """Stage 1 rev 3: bwd/dvl_wk.py's parallel part, then the chain over its dvl and Wk."""
+    """Stage 1 rev 3 and rev 4: bwd/dvl_wk.py's parallel part, then the chain over its dvl and Wk. In fp32 rev 4's
+    low part of scale D dO is exactly zero, so rev 4 must match float64 like rev 3: a wrong sign or a
+    missing subtraction in the split counts the product twice and fails."""
     from qla_kernels.gdn.bwd.dvl_wk import bwd_dvl_wk_program
 
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
     pre = tilelang.compile(bwd_dvl_wk_program(D, D, SCALE, "float32", cpu_debug=True), target="c", pass_configs=cfg)
     chains = {
-        (bv, dht): tilelang.compile(
+        (bv, dht, split): tilelang.compile(
             bwd_dstate_program(
-                D, D, SCALE, "float32", dht, block_v=bv, cpu_debug=True, pipelined=True, precomputed=True
+                D, D, SCALE, "float32", dht, block_v=bv, cpu_debug=True, pipelined=True, precomputed=True,
+                dod_split=split,
             ),
             target="c",
             pass_configs=cfg,
         )
         for bv, dht in {(c[3], c[4]) for c in CASES}
+        for split in (False, True)
     }
     return pre, chains
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["rev3", "rev4"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}-bv{c[3]}-dht{int(c[4])}")
-def test_rev3_chain_over_precomputed_parts_matches_float64(rev3_kernels, case):
+def test_rev3_chain_over_precomputed_parts_matches_float64(rev3_kernels, case, split):
     from qla_kernels.gdn.plan import build_plan_from_list
 
     pre, chains = rev3_kernels
@@ -125,6 +130,6 @@ def test_rev3_chain_over_precomputed_parts_matches_float64(rev3_kernels, case):
     pre(q, k, gc, beta, a0, do, plan.cu_seqlens, plan.chunk_indices, dvl, wk)
     ds_next = torch.full((plan.num_chunks, h_v, D, D), float("nan"))
     dh0 = torch.full((len(cu) - 1, h_v, D, D), float("nan"))
-    chains[(bv, use_dht)](q, k, gc, do, dvl, wk, dht, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
+    chains[(bv, use_dht, split)](q, k, gc, do, dvl, wk, dht, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
     ref_ds, _, ref_dh0 = dstate_chain(q, k, gc, beta, a0, do, dht if use_dht else None, SCALE, cu)
     assert rel(ds_next, ref_ds) < 2e-5 and rel(dh0, ref_dh0) < 2e-5

@@ -133,6 +133,19 @@ def test_bwd_dstate_chain_compiles(block_v, use_dht):
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
 
+@pytest.mark.parametrize("block_v", [32, 64])
+def test_bwd_dstate_chain_rev4_compiles(block_v):
+    """Stage 1 rev4 (the default): rev3's chain plus the low part of scale D dO and its GEMM, no spills."""
+    from qla_kernels.gdn.bwd.dstate_chain import PASS_CONFIGS, bwd_dstate_program
+
+    prog = bwd_dstate_program(128, 128, 128**-0.5, "bfloat16", True, block_v, 256, False, True, 2, True, True)
+    rep = build_sm90a(prog, PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert rep.source.count("wgmma") > 0
+
+
 @pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6"])
 def test_bwd_chunk_grads_compiles(rev):
     from qla_kernels.gdn.bwd.chunk_grads import PASS_CONFIGS, bwd_chunk_grads_program

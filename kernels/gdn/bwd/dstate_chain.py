@@ -38,6 +38,7 @@ def bwd_dstate_program(
     pipelined: bool = False,
     num_stages: int = 2,
     precomputed: bool = False,
+    dod_split: bool = False,
 ):
     """TileLang program: (q, k, g_cumsum, beta, A0, dO, dht, cu_seqlens, chunk_offsets) ->
     (dv [1,T,H_v,V] fp32, ds_next [num_chunks,H_v,K,V] fp32, dh0 [N,H_v,K,V] fp32). Varlen (B = 1).
@@ -57,10 +58,19 @@ def bwd_dstate_program(
         dVn = dvl + D_r (K dS'),   dS = exp(gamma) dS' + Q^T (scale D dO) - Wk^T dVn
     three GEMMs instead of six and no [C, C] gate work. Signature: (q, k, g_cumsum, dO, dvl, wk, dht,
     cu_seqlens, chunk_offsets) -> (ds_next, dh0).
+
+    dod_split=True (rev 4, with precomputed) forms Q^T (scale D dO) from the operand's two halves in the
+    input dtype, hi = round(x) and lo = round(x - hi), in two GEMMs: rev 3 rounded x = scale D dO to bf16
+    once, and that single rounding, added into dS at every step, is why dh0's error was 1.24-1.26x FLA's on
+    the harness's gates (FLA's dhu kernel multiplies q by exp(g) in fp32, so its q^T do product runs on
+    tf32 operands). A float64 emulation of the chain with its roundings (NOTES.md, session 9): dh0 error
+    2.86e-3 with rev 3's rounding, 2.22e-3 with the split, 2.23e-3 with x unrounded.
     """
     assert not precomputed or pipelined
+    assert not dod_split or precomputed
     if precomputed:
-        return _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages)
+        return _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages,
+                                           dod_split)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -227,8 +237,8 @@ def bwd_dstate_program(
     return bwd_dstate
 
 
-def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages):
-    """Stage 1 rev 3 (see bwd_dstate_program): the chain over precomputed dvl and Wk."""
+def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages, dod_split):
+    """Stage 1 rev 3, and rev 4 with dod_split (see bwd_dstate_program): the chain over precomputed dvl and Wk."""
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -275,7 +285,8 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
             dr_sh = alloc_sh((C,), acc)
             ds_sh = alloc_sh((dk, block_v), dtype)
             ndvn_sh = alloc_sh((C, block_v), dtype)  # -dVn
-            dod_sh = alloc_sh((C, block_v), dtype)  # scale D dO
+            dod_sh = alloc_sh((C, block_v), dtype)  # scale D dO (rev 4: its rounded high part)
+            dodl_sh = alloc_sh((C, block_v), dtype) if dod_split else None  # rev 4: what the rounding left
 
             ds = alloc_acc((dk, block_v))
             kds = alloc_acc((C, block_v))
@@ -314,12 +325,20 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
                         T.if_then_else(t0 + i < end, -dvl_sh[i, j] - dr_sh[i] * kds[i, j], 0.0), dtype
                     )
                     dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+                    if dod_split:  # in the same pass: do_sh's pipeline stage is released after its last read
+                        dodl_sh[i, j] = T.cast(
+                            scale * d_sh[i] * T.cast(do_sh[i, j], acc)
+                            - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
+                            dtype,
+                        )
                 # dS = exp(gamma) dS' - Wk^T dVn + Q^T (scale D dO); q_sh read last (its stage is released
                 # after that read)
                 for i, j in T.Parallel(dk, block_v):
                     ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
                 mm(wk_sh, ndvn_sh, ds, transpose_a=True, clear=False)
                 mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                if dod_split:
+                    mm(q_sh, dodl_sh, ds, transpose_a=True, clear=False)
 
             for i, j in T.Parallel(dk, block_v):
                 dh0[seq, bh, i, v0 + j] = ds[i, j]
