@@ -135,7 +135,7 @@ def test_bwd_dstate_chain_compiles(block_v, use_dht):
 
 @pytest.mark.parametrize("block_v", [32, 64])
 def test_bwd_dstate_chain_rev4_compiles(block_v):
-    """Stage 1 rev4 (the default): rev3's chain plus the low part of scale D dO and its GEMM, no spills."""
+    """Stage 1 rev4 ($QLA_BWD_DSTATE=rev4): rev3's chain plus the low part of scale D dO and its GEMM, no spills."""
     from qla_kernels.gdn.bwd.dstate_chain import PASS_CONFIGS, bwd_dstate_program
 
     prog = bwd_dstate_program(128, 128, 128**-0.5, "bfloat16", True, block_v, 256, False, True, 2, True, True)

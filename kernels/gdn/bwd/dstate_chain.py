@@ -64,7 +64,8 @@ def bwd_dstate_program(
     once, and that single rounding, added into dS at every step, is why dh0's error was 1.24-1.26x FLA's on
     the harness's gates (FLA's dhu kernel multiplies q by exp(g) in fp32, so its q^T do product runs on
     tf32 operands). A float64 emulation of the chain with its roundings (NOTES.md, session 9): dh0 error
-    2.86e-3 with rev 3's rounding, 2.22e-3 with the split, 2.23e-3 with x unrounded.
+    2.86e-3 with rev 3's rounding, 2.22e-3 with the split, 2.23e-3 with x unrounded. Compiled for sm_90a
+    (no spills) and CPU-checked; NOT yet run on a GPU.
     """
     assert not precomputed or pipelined
     assert not dod_split or precomputed
