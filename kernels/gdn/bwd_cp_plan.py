@@ -19,13 +19,9 @@ saves.
 
 from __future__ import annotations
 
-import itertools
-import weakref
-from collections import OrderedDict
-
 from .checks import HEAD_DIM
-from .cp_plan import DEFAULT_HEURISTICS, CPHeuristics, predict_us, split_counts
-from .plan import CHUNK, ChunkPlan
+from .cp_plan import DEFAULT_HEURISTICS, CPHeuristics, PerPlanCache, predict_us, split_counts
+from .plan import ChunkPlan
 
 # Stage 1 rev3's chain: one step of one CTA (microseconds, on the H200) by V-slice width, from
 # tests/gpu/test_qla_bwd.py::test_time_dstate_block_v (session 6: stage 1 less its parallel part over the
@@ -34,7 +30,6 @@ DSTATE_STEP_US = {32: 2.88, 64: 5.07}
 
 PASS_SETUP_US = 20.0  # a stage-1 pass over pieces beyond its steps (launch, first loads)
 MARGIN = 0.05  # CP must be predicted at least this much faster than no CP
-_CACHE_SIZE = 64
 
 
 def dstate_width(chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int) -> int:
@@ -83,22 +78,10 @@ def choose_bwd_cp(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = D
     return best if best is not None and best_us <= base * (1.0 - MARGIN) else None
 
 
-_cache: OrderedDict[tuple, tuple[weakref.ref, int | None]] = OrderedDict()
+_pieces = PerPlanCache()
 
 
 def bwd_piece_chunks(chunk_plan: ChunkPlan, h_v: int, num_sms: int) -> int | None:
     """choose_bwd_cp for a ChunkPlan's sequences, cached per (plan object, h_v, #SM): decided once per
     cu_seqlens, from the host offsets the plan holds (no host sync)."""
-    key = (id(chunk_plan), h_v, num_sms)
-    hit = _cache.get(key)
-    if hit is not None and hit[0]() is chunk_plan:
-        _cache.move_to_end(key)
-        return hit[1]
-    cu = chunk_plan.cu_host
-    if len(cu) < 2:
-        raise ValueError("the ChunkPlan has no host offsets (cu_host); build it with plan.build_plan_from_list")
-    piece = choose_bwd_cp([-(-(b - a) // CHUNK) for a, b in itertools.pairwise(cu)], h_v, num_sms)
-    _cache[key] = (weakref.ref(chunk_plan), piece)
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return piece
+    return _pieces.get(chunk_plan, (h_v, num_sms), lambda chunks, _cu: choose_bwd_cp(chunks, h_v, num_sms))

@@ -263,7 +263,33 @@ def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device:
                   chunk_offsets=dev(chunk_offs), reverse_order=dev(reverse, torch.int64))
 
 
-_cache: OrderedDict[tuple, tuple[weakref.ref, CPPlan]] = OrderedDict()
+class PerPlanCache:
+    """Values computed once per ChunkPlan object (plus the key's other parts) from the host offsets it holds:
+    a hit costs no host sync and no allocation. Entries are dropped with their plan (weak reference) or when
+    the cache is full (least recently used first)."""
+
+    def __init__(self, size: int = _CACHE_SIZE):
+        self._entries: OrderedDict[tuple, tuple[weakref.ref, object]] = OrderedDict()
+        self._size = size
+
+    def get(self, chunk_plan: ChunkPlan, extra: tuple, compute):
+        """The cached value for (chunk_plan, *extra), else compute(chunks per sequence, host offsets)."""
+        key = (id(chunk_plan), *extra)
+        hit = self._entries.get(key)
+        if hit is not None and hit[0]() is chunk_plan:
+            self._entries.move_to_end(key)
+            return hit[1]
+        cu = chunk_plan.cu_host
+        if len(cu) < 2:
+            raise ValueError("the ChunkPlan has no host offsets (cu_host); build it with plan.build_plan_from_list")
+        value = compute([-(-(b - a) // CHUNK) for a, b in itertools.pairwise(cu)], cu)
+        self._entries[key] = (weakref.ref(chunk_plan), value)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return value
+
+
+_plans = PerPlanCache()
 
 
 def plan_cp(
@@ -276,20 +302,10 @@ def plan_cp(
     """CP plan for a ChunkPlan (from plan_varlen / plan_fixed), cached per (plan object, h_v, #SM,
     heuristics, forced piece length): built once, from the host offsets the ChunkPlan already holds, so
     never a host sync. piece_chunks forces pieces of that many chunks instead of the cost model's choice."""
-    key = (id(chunk_plan), h_v, num_sms, h, piece_chunks)
-    hit = _cache.get(key)
-    if hit is not None and hit[0]() is chunk_plan:
-        _cache.move_to_end(key)
-        return hit[1]
-    cu = chunk_plan.cu_host
-    if len(cu) < 2:
-        raise ValueError("the ChunkPlan has no host offsets (cu_host); build it with plan.build_plan_from_list")
-    chunks = [-(-(b - a) // CHUNK) for a, b in itertools.pairwise(cu)]
-    decision = (CPDecision(piece_chunks, 64, 0.0, 0.0) if piece_chunks is not None
-                else choose_cp(chunks, h_v, num_sms, h))
-    plan = build_cp_plan(cu, decision, chunk_plan.cu_seqlens.device)
-    _cache[key] = (weakref.ref(chunk_plan), plan)
-    _cache.move_to_end(key)
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return plan
+
+    def build(chunks: list[int], cu: tuple[int, ...]) -> CPPlan:
+        decision = (CPDecision(piece_chunks, 64, 0.0, 0.0) if piece_chunks is not None
+                    else choose_cp(chunks, h_v, num_sms, h))
+        return build_cp_plan(cu, decision, chunk_plan.cu_seqlens.device)
+
+    return _plans.get(chunk_plan, (h_v, num_sms, h, piece_chunks), build)

@@ -66,13 +66,15 @@ def test_bad_arguments():
         choose_bwd_cp([], 4, SMS)
 
 
-def test_cached_per_plan():
-    from qla_kernels.gdn.bwd_cp_plan import _cache, bwd_piece_chunks
+def test_cached_per_plan(monkeypatch):
+    from qla_kernels.gdn import bwd_cp_plan
 
     plan = build_plan_from_list([0, *itertools.accumulate([32768])], "cpu")
-    assert bwd_piece_chunks(plan, 4, SMS) == 64
-    key = (id(plan), 4, SMS)
-    assert key in _cache and bwd_piece_chunks(plan, 4, SMS) == 64
+    assert bwd_cp_plan.bwd_piece_chunks(plan, 4, SMS) == 64
+    monkeypatch.setattr(bwd_cp_plan, "choose_bwd_cp", lambda *a: pytest.fail("decided again"))
+    assert bwd_cp_plan.bwd_piece_chunks(plan, 4, SMS) == 64  # a hit: not decided again
+    with pytest.raises(pytest.fail.Exception):
+        bwd_cp_plan.bwd_piece_chunks(plan, 8, SMS)  # the head count is part of the key
 
 
 def test_env_switch(monkeypatch):
