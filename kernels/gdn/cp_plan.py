@@ -284,6 +284,7 @@ class PerPlanCache:
             raise ValueError("the ChunkPlan has no host offsets (cu_host); build it with plan.build_plan_from_list")
         value = compute([-(-(b - a) // CHUNK) for a, b in itertools.pairwise(cu)], cu)
         self._entries[key] = (weakref.ref(chunk_plan), value)
+        self._entries.move_to_end(key)  # a key reused by a new plan (its old plan gone) is the newest entry
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
         return value
