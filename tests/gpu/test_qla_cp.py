@@ -156,19 +156,26 @@ MIX_TIMING = [(16, 48, [4096, 28672]), (8, 24, [4096, 28672]), (16, 64, [28672, 
 MIX_PIECES = (32, 64, 128)
 
 
-def test_time_cp_mixes():
-    """The default forward (CP as the model decides), no CP, and forced piece lengths; $OUT/cp_mix_timing.json."""
+@pytest.mark.parametrize("gates", ["tests", "harness"])
+def test_time_cp_mixes(gates):
+    """The default forward (CP as the model decides), no CP, and forced piece lengths; $OUT/cp_mix_timing.json.
+    gates="tests": make_inputs' gates (one g = 0 head, one strong, the rest spread); "harness": qwen35-fwd's
+    recipe (logsigmoid(randn) / 16 with 25 % of the heads at g = 0), whose exact transitions M the state
+    pass must compute for a quarter of the heads (session 9 timed only the first)."""
     import itertools
 
+    from qla_bench.inputs import make_gate
     from qla_kernels.gdn.api import _cp_plan, _num_sms, _plan
 
     flusher = L2Flusher(torch.device("cuda"))
     rows = []
     for h_qk, h_v, lens in MIX_TIMING:
         (q, k, v, g, beta), s0 = make_inputs(1, sum(lens), h_qk, h_v, seed=0, n=len(lens))
+        if gates == "harness":
+            g = make_gate("flashqla", sum(lens), h_v, 0.25, torch.Generator().manual_seed(0)).cuda()
         cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
         cpp = _cp_plan(_plan(q, cu), h_v, _num_sms(q.device), True, None)
-        row = {"h_qk": h_qk, "h_v": h_v, "seqs": "+".join(map(str, lens)),
+        row = {"h_qk": h_qk, "h_v": h_v, "seqs": "+".join(map(str, lens)), "gates": gates,
                "model_piece": cpp.decision.piece_chunks if cpp else None}  # fmt: skip
 
         def timed(args=(q, k, v, g, beta), s0=s0, cu=cu, **kw):
@@ -180,10 +187,11 @@ def test_time_cp_mixes():
         for piece in MIX_PIECES:
             row[f"cp{piece}"] = timed(cp=True, cp_piece=piece)
         rows.append(row)
-        print(f"[cp-mix-timing] {h_qk}/{h_v} {row['seqs']} model piece {row['model_piece']}: " + " ".join(
-            f"{c}={row[c]:.4f}" for c in row if c not in ("h_qk", "h_v", "seqs", "model_piece")), flush=True)
+        print(f"[cp-mix-timing] {gates} gates {h_qk}/{h_v} {row['seqs']} model piece {row['model_piece']}: "
+              + " ".join(f"{c}={row[c]:.4f}" for c in row if c not in ("h_qk", "h_v", "seqs", "gates", "model_piece")),
+              flush=True)  # fmt: skip
     out_dir = os.environ.get("OUT") or "out"
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "cp_mix_timing.json"), "w") as fh:
+    with open(os.path.join(out_dir, f"cp_mix_timing_{gates}.json"), "w") as fh:
         json.dump({"timer": "cuda-events, L2 flushed, median of 30, whole forward",
                    "device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
