@@ -12,9 +12,10 @@ state) and stage 1 rev3 (the reverse chain of state gradients). Their cost, by p
 Nothing here is fitted beyond the two models it composes (cp_plan.CPHeuristics, DSTATE_STEP_US) and
 PASS_SETUP_US: on the H200 (session 9, tests/gpu/test_qla_bwd_cp.py::test_time_bwd_cp and two qwen35-bwd
 rows) it reproduces the measured change of the whole backward at 29 (config, L) points, from -1.47 ms to
-+3.6 ms, mostly within 0.1 ms, and it predicts the two 8-sequence mixes where CP lost (+0.20 and +0.73 ms
-predicted, +0.20 and +0.85 measured): there the SMs are already full, and stage 1 twice costs more than it
-saves.
++3.6 ms, within 0.1 ms at 17 of them and within 0.25 ms or 25 % at all, and it predicts the two 8-sequence
+mixes where CP lost (+0.20 and +0.73 ms predicted, +0.20 and +0.85 measured): there the SMs are already
+full, and stage 1 twice costs more than it saves. DSTATE_STEP_US is rev3's step; stage 1 rev4 (one more
+GEMM a step, not yet run on a GPU) would need its own.
 """
 
 from __future__ import annotations
