@@ -159,7 +159,9 @@ def test_bwd_dstate_revision_from_the_environment(monkeypatch):
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev1")
     assert resolve_dstate_rev() == "rev1"
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev4")
-    with pytest.raises(ValueError, match=r"QLA_BWD_DSTATE must be one of \['rev1', 'rev2', 'rev3'\]"):
+    assert resolve_dstate_rev() == "rev4"  # the dO-split chain (session 9), selectable, not the default
+    monkeypatch.setenv("QLA_BWD_DSTATE", "rev5")
+    with pytest.raises(ValueError, match=r"QLA_BWD_DSTATE must be one of \['rev1', 'rev2', 'rev3', 'rev4'\]"):
         resolve_dstate_rev()
 
 
