@@ -327,9 +327,14 @@ def resolve_cp() -> bool:
     """Context parallelism by default? Yes unless $QLA_CP is "0": with the one-kernel combine and the skip of
     decaying pieces' M, the 18 qwen35-fwd configs the cost model splits ran 1.13-2.01x faster than without CP
     and no other config changed (NOTES.md, session 8)."""
-    value = os.environ.get(CP_ENV, "").strip()
+    return env_switch_on(CP_ENV)
+
+
+def env_switch_on(env: str) -> bool:
+    """An on-by-default switch: $env unset or "1" is on, "0" off, anything else a ValueError naming it."""
+    value = os.environ.get(env, "").strip()
     if value not in ("", "0", "1"):
-        raise ValueError(f"${CP_ENV} must be '0' or '1' (or unset: on), got {value!r}")
+        raise ValueError(f"${env} must be '0' or '1' (or unset: on), got {value!r}")
     return value != "0"
 
 

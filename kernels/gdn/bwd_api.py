@@ -12,7 +12,6 @@ uses this on CUDA ($QLA_BWD_IMPL=torch selects the specification instead).
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -24,6 +23,7 @@ from .api import (
     _num_sms,
     _plan,
     _resolve,
+    env_switch_on,
     launcher,
     pack_tokens,
     resolve_cp_combine,
@@ -203,10 +203,7 @@ def _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens):
 def resolve_bwd_cp() -> bool:
     """Context parallelism for the backward's chains? Yes unless $QLA_BWD_CP is "0" (and only with the
     stage 0 and stage 1 kernels the CP path runs: ws5 and rev3 or rev4)."""
-    value = os.environ.get(BWD_CP_ENV, "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"${BWD_CP_ENV} must be '0' or '1' (or unset: on), got {value!r}")
-    return value != "0"
+    return env_switch_on(BWD_CP_ENV)
 
 
 def _bwd_cp_plan(
