@@ -42,13 +42,13 @@ from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_bloc
 # takes 1.56 ms at 2/8 1x32768 (rev2 2.83) and 2.08 at 16/32 1x32768 (rev2 2.66).
 # "rev4": rev3 with Q^T (scale D dO) from the operand's rounded high and low parts (one more GEMM a step):
 # rev3's single bf16 rounding of it sets dh0's error at 1.24-1.26x FLA's on qwen35-bwd (session 9; a float64
-# emulation of the chain's roundings: 2.86e-3 -> 2.22e-3). Compiled for sm_90a and CPU-checked, NOT yet run
-# on a GPU (session 9 ran out of device time), so rev3 stays the default until the H200 checks rev4.
-# $QLA_BWD_DSTATE overrides the default.
+# emulation of the chain's roundings: 2.86e-3 -> 2.22e-3). On the H200 (session 10) it passes the backward
+# and CP checks, and on qwen35-bwd dh0's error is 0.96-1.00x FLA's on all 32 configs (rev3 1.24-1.26x on 16)
+# for ~2.5 % more backward time: the default since. $QLA_BWD_DSTATE overrides the default.
 DSTATE_REVS = ("rev1", "rev2", "rev3", "rev4")
 PRECOMPUTED_DSTATE_REVS = ("rev3", "rev4")  # the chain over bwd/dvl_wk.py's parts (dv from stage 2)
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
-DEFAULT_DSTATE_REV = "rev3"
+DEFAULT_DSTATE_REV = "rev4"
 
 # Stage 2 revisions (bwd/chunk_grads.py): "rev1" element loads with the row mask (the profile build put
 # 41 % of a CTA in them), "rev2" whole-tile vectorised loads, rows past a sequence's end zeroed in shared

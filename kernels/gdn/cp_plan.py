@@ -46,14 +46,17 @@ _CACHE_SIZE = 64
 
 @dataclass(frozen=True)
 class CPHeuristics:
-    """Every number the CP decision uses (session 7 refit, NOTES.md). fused_step_us: the ws6 fused kernel's
-    chunk step by V-slice width with at most one CTA per SM, from the whole forward less kkt_solve on the
+    """Every number the CP decision uses (session 7 fit, session 10 refit; NOTES.md). fused_step_us: the ws6
+    fused kernel's chunk step by V-slice width with at most one CTA per SM, from the whole forward less kkt_solve on the
     H200 (2/8 1x32768: 1.56 us at 32, 1.88 at 64, 2.86 at 128; 16/32 1x32768 at 32: 1.62; 16/32 8192x4 at
     128: 3.09). piece_setup_us: what a CTA walking a piece costs beyond its steps (initial state load,
-    pipeline fill; 14-25 us fitted from the fused walk over 4-32 pieces). The state pass (ws rev 5's
-    state_pass build: h from S = 0 for every piece, M from S = I unless the piece decays, exact_m_frac
-    below) runs at the width the api picks for
-    2P pieces, prep_step_scale times the fused step there (0.79-0.83 measured). The combine is the one-kernel
+    pipeline fill). The state pass (ws rev 5's state_pass build: h from S = 0 for every piece, M from S = I
+    unless the piece decays, exact_m_frac below) runs at the width the api picks for 2P pieces,
+    prep_step_scale times the fused step there. Session 10 refit these two (20 -> 10 us, 0.8 -> 0.7) on the
+    H200 against 17 qwen35-fwd mixes x 4 piece lengths timed with the harness's gates
+    (tests/gpu/test_qla_cp.py::test_time_cp_mixes[harness]): the change CP makes to the whole forward is
+    then predicted within 24 us RMS (169 before, which priced CP 0.1-0.45 ms too high and declined it on
+    7 mixes where it gains 3-24 %). The combine is the one-kernel
     form (session 8, profile_cp's combine_kernel on the H200): its links S_{p+1} = M_p S_p + h_p run one
     after another within a sequence, ~10.5 us each, plus ~13.5 us for the launch and the first loads
     (0.087 ms for 7 links, 0.162 for 15, 0.340 for 31; 6 links of a two-sequence mix 0.078). The host walk
@@ -61,8 +64,8 @@ class CPHeuristics:
 
     fused_step_us: tuple[tuple[int, float], ...] = ((32, 1.6), (64, 2.0), (128, 3.0))
     fused_ctas_per_sm: int = 1  # 100-200 KiB of shared memory per CTA: one per SM
-    piece_setup_us: float = 20.0
-    prep_step_scale: float = 0.8
+    piece_setup_us: float = 10.0
+    prep_step_scale: float = 0.7
     combine_link_us: float = 10.5
     combine_setup_us: float = 13.5
     launch_us: float = 5.0  # per extra launch (state pass, fused walk over pieces)

@@ -155,11 +155,11 @@ def test_bwd_dstate_revision_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_dstate_rev
 
     monkeypatch.delenv("QLA_BWD_DSTATE", raising=False)
-    assert resolve_dstate_rev() == "rev3"  # the default since it passed on the H200 (session 6)
+    assert resolve_dstate_rev() == "rev4"  # the dO-split chain: the default since the H200 checked it (session 10)
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev1")
     assert resolve_dstate_rev() == "rev1"
-    monkeypatch.setenv("QLA_BWD_DSTATE", "rev4")
-    assert resolve_dstate_rev() == "rev4"  # the dO-split chain (session 9), selectable, not the default
+    monkeypatch.setenv("QLA_BWD_DSTATE", "rev3")
+    assert resolve_dstate_rev() == "rev3"
     monkeypatch.setenv("QLA_BWD_DSTATE", "rev5")
     with pytest.raises(ValueError, match=r"QLA_BWD_DSTATE must be one of \['rev1', 'rev2', 'rev3', 'rev4'\]"):
         resolve_dstate_rev()
