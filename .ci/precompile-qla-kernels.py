@@ -30,8 +30,10 @@ def variants() -> list[tuple[str, str, tuple]]:
 
     out: list[tuple[str, str, tuple]] = []
     for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
-        for dt in ("bfloat16", "float16") if impl in ("v2", "v3", "v3h", "v4", "v5") else ("bfloat16",):
-            fname = {"v2": "kkt_solve_kernel", "v3m": "kkt_solve_v3_merged_kernel"}.get(version, "kkt_solve_v3_kernel")
+        for dt in ("bfloat16", "float16") if impl in ("v2", "v3", "v3h", "v4", "v5", "v7") else ("bfloat16",):
+            fname = {"v2": "kkt_solve_kernel", "v3m": "kkt_solve_v3_merged_kernel", "v7": "kkt_solve_v7_kernel"}.get(
+                version, "kkt_solve_v3_kernel"
+            )
             out.append((f"kkt {impl} {dt}", fname, (HEAD_DIM, dt, *extra)))
     for impl in ("v3h", "v4", "v5"):  # profile builds (profile_fwd.profile_kkt)
         args = list(KKT_IMPLS[impl][1]) + [False] * (8 - len(KKT_IMPLS[impl][1]))
@@ -109,10 +111,18 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 def factory(name: str):
     from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk
-    from qla_kernels.gdn.fwd import cp_combine, fused_fwd, fused_fwd_ws, fused_fwd_ws7, kkt_solve, kkt_solve_v3
+    from qla_kernels.gdn.fwd import (
+        cp_combine,
+        fused_fwd,
+        fused_fwd_ws,
+        fused_fwd_ws7,
+        kkt_solve,
+        kkt_solve_v3,
+        kkt_solve_v7,
+    )
 
-    modules = (kkt_solve, kkt_solve_v3, fused_fwd_ws, fused_fwd_ws7, fused_fwd, cp_combine, dstate_chain, chunk_grads,
-               dvl_wk)
+    modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, fused_fwd_ws, fused_fwd_ws7, fused_fwd, cp_combine,
+               dstate_chain, chunk_grads, dvl_wk)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)

@@ -49,6 +49,10 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # does not limit v4. (Session 8's two- and four-items-per-CTA builds, v6 and v6x4, hung on the H200: the
     # parser rolls the items into a loop whose TMA barrier waits on parity 0 every time; they are not offered.)
     "v4m": ("v3m", (True, 6, False, True, False, True, True, False)),
+    # the off-diagonal inverse as four 64x64 products, N = X L_off, N^2, N Q, (Q - N Q) X, on bf16 wgmma
+    # over hi/lo splits (gdn/fwd/kkt_solve_v7.py): no LDS-fed tf32 mma.sync, whose shared-memory traffic
+    # bounds v4 (Nsight Compute, session 10)
+    "v7": ("v7", ()),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
@@ -134,6 +138,10 @@ def _kkt_kernel(impl: str, dt: str):
         from .fwd.kkt_solve import kkt_solve_kernel
 
         return launcher(kkt_solve_kernel(HEAD_DIM, dt, *extra))
+    if version == "v7":
+        from .fwd.kkt_solve_v7 import kkt_solve_v7_kernel
+
+        return launcher(kkt_solve_v7_kernel(HEAD_DIM, dt, *extra))
     from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel, kkt_solve_v3_merged_kernel
 
     return launcher((kkt_solve_v3_merged_kernel if version == "v3m" else kkt_solve_v3_kernel)(HEAD_DIM, dt, *extra))

@@ -94,7 +94,13 @@ def choose_block_v_dstate(plan: ChunkPlan, h_v: int, num_sms: int) -> int:
     SMs need times the mean chain, whichever is longer. It reproduces the five measured configs to 3 %; the
     pair-count rule of rev1/rev2 picked 64 for one 31905-token sequence next to a short one (2.53 ms
     estimated against 1.48 at 32)."""
-    return dstate_width(plan.num_seqs, plan.max_chunks, plan.num_chunks, h_v, num_sms)
+    return dstate_width(plan.num_seqs, plan.max_chunks, plan.num_chunks, h_v, num_sms, _step_rev())
+
+
+def _step_rev() -> str:
+    """The stage 1 revision whose measured chain step the width and CP models use (rev3's for rev1/rev2)."""
+    rev = resolve_dstate_rev()
+    return rev if rev in PRECOMPUTED_DSTATE_REVS else "rev3"
 
 
 def resolve_states_impl() -> str:
@@ -217,7 +223,7 @@ def _bwd_cp_plan(
     if resolve_states_impl() != "ws5" or resolve_dstate_rev() not in PRECOMPUTED_DSTATE_REVS:
         return None
     nsm = _num_sms(device)
-    piece = cp_piece if cp_piece is not None else bwd_piece_chunks(plan, h_v, nsm)  # cached per plan
+    piece = cp_piece if cp_piece is not None else bwd_piece_chunks(plan, h_v, nsm, _step_rev())  # cached per plan
     if piece is None:
         return None
     cpp = plan_cp(plan, h_v, nsm, piece_chunks=piece)  # cached per plan
@@ -253,7 +259,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
 
     dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
-    bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm)
+    bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm, _step_rev())
     ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
 
     def chain(ends: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

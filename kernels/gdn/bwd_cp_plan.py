@@ -14,8 +14,8 @@ PASS_SETUP_US: on the H200 (session 9, tests/gpu/test_qla_bwd_cp.py::test_time_b
 rows) it reproduces the measured change of the whole backward at 29 (config, L) points, from -1.47 ms to
 +3.6 ms, within 0.1 ms at 17 of them and within 0.25 ms or 25 % at all, and it predicts the two 8-sequence
 mixes where CP lost (+0.20 and +0.73 ms predicted, +0.20 and +0.85 measured): there the SMs are already
-full, and stage 1 twice costs more than it saves. DSTATE_STEP_US is rev3's step; stage 1 rev4 (one more
-GEMM a step, not yet run on a GPU) would need its own.
+full, and stage 1 twice costs more than it saves. Those checks ran stage 1 rev3; rev4 (the default since
+session 10) has its own measured step (DSTATE_STEP_US).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from .checks import HEAD_DIM
 from .cp_plan import CPHeuristics, PerPlanCache, predict_us, split_counts
 from .plan import ChunkPlan
 
-# Stage 1 rev3's chain: one step of one CTA (microseconds, on the H200) by V-slice width, from
-# tests/gpu/test_qla_bwd.py::test_time_dstate_block_v (session 6: stage 1 less its parallel part over the
-# chain steps; 2.85-2.90 us at 32 and 5.0-5.1 us at 64 on five configs).
-DSTATE_STEP_US = {32: 2.88, 64: 5.07}
+# Stage 1's chain: one step of one CTA (microseconds, on the H200) by revision and V-slice width, from
+# tests/gpu/test_qla_bwd.py::test_time_dstate_block_v (stage 1 less its parallel part over the chain steps,
+# five configs): rev3 2.85-2.90 us at 32 and 5.0-5.1 at 64 (session 6), rev4 (one more GEMM a step) 3.18-3.30
+# and 5.59-5.66 (session 10, results/H200/logs/2026-12-03-s10/call3-bwd_block_v.json).
+DSTATE_STEP_US = {"rev3": {32: 2.88, 64: 5.07}, "rev4": {32: 3.25, 64: 5.62}}
+DEFAULT_REV = "rev4"  # bwd_api.DEFAULT_DSTATE_REV (not imported: bwd_api imports this module)
 
 # Stage 0's CP cost: the forward's model with the numbers this composite was checked with on the H200
 # (session 9). Session 10 refit the forward's piece_setup_us and prep_step_scale on the ws6 forward; stage 0
@@ -38,47 +40,63 @@ PASS_SETUP_US = 20.0  # a stage-1 pass over pieces beyond its steps (launch, fir
 MARGIN = 0.05  # CP must be predicted at least this much faster than no CP
 
 
-def dstate_width(chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int) -> int:
-    """Stage 1 rev3's V-slice for `chains` chains (sequences, or pieces): the width with the shorter
-    estimated time (_chain_us)."""
-    return min(DSTATE_STEP_US, key=lambda bv: _chain_us(bv, chains, max_chunks, num_chunks, h_v, num_sms))
+def dstate_width(
+    chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int, rev: str = DEFAULT_REV
+) -> int:
+    """Stage 1's V-slice for `chains` chains (sequences, or pieces): the width with the shorter estimated
+    time (_chain_us)."""
+    return min(
+        DSTATE_STEP_US[rev], key=lambda bv: _chain_us(bv, chains, max_chunks, num_chunks, h_v, num_sms, rev)
+    )
 
 
-def _chain_us(bv: int, chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int) -> float:
+def _chain_us(
+    bv: int, chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int, rev: str = DEFAULT_REV
+) -> float:
     """One CTA per (chain, head, slice) fits on an SM; the kernel takes the longest chain, or as many rounds
     of CTAs as the SMs need times the mean chain, whichever is longer."""
     ctas = chains * h_v * (HEAD_DIM // bv)
-    return DSTATE_STEP_US[bv] * max(max_chunks, -(-ctas // num_sms) * num_chunks / chains)
+    return DSTATE_STEP_US[rev][bv] * max(max_chunks, -(-ctas // num_sms) * num_chunks / chains)
 
 
-def stage1_chain_us(chunks: list[int], h_v: int, num_sms: int) -> float:
+def stage1_chain_us(chunks: list[int], h_v: int, num_sms: int, rev: str = DEFAULT_REV) -> float:
     """Stage 1's chain over chains of `chunks` chunks each, at the width it would run."""
     n, longest, total = len(chunks), max(chunks), sum(chunks)
-    return _chain_us(dstate_width(n, longest, total, h_v, num_sms), n, longest, total, h_v, num_sms)
+    return _chain_us(dstate_width(n, longest, total, h_v, num_sms, rev), n, longest, total, h_v, num_sms, rev)
 
 
 def predict_bwd_chains_us(
-    chunks: list[int], h_v: int, num_sms: int, piece: int | None, h: CPHeuristics = STAGE0_HEURISTICS
+    chunks: list[int],
+    h_v: int,
+    num_sms: int,
+    piece: int | None,
+    h: CPHeuristics = STAGE0_HEURISTICS,
+    rev: str = DEFAULT_REV,
 ) -> float:
-    """Predicted time of stages 0 and 1 for sequences of `chunks` chunks, in pieces of `piece` (None: no CP)."""
+    """Predicted time of stages 0 and 1 for sequences of `chunks` chunks, in pieces of `piece` (None: no CP),
+    with stage 1 revision `rev`."""
     stage0 = predict_us(chunks, h_v, num_sms, piece, h)[0]
     pieces = [p for c in chunks for p in split_counts(c, piece)]
     if piece is None or len(pieces) == len(chunks):
-        return stage0 + stage1_chain_us(chunks, h_v, num_sms)
+        return stage0 + stage1_chain_us(chunks, h_v, num_sms, rev)
     links = max(len(split_counts(c, piece)) for c in chunks) - 1
     combine = h.combine_setup_us + links * h.combine_link_us
-    return stage0 + 2 * (stage1_chain_us(pieces, h_v, num_sms) + PASS_SETUP_US) + combine
+    return stage0 + 2 * (stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US) + combine
 
 
-def choose_bwd_cp(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = STAGE0_HEURISTICS) -> int | None:
+def choose_bwd_cp(
+    chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = STAGE0_HEURISTICS, rev: str = DEFAULT_REV
+) -> int | None:
     """The piece length with the shortest predicted chains, or None when none beats no CP by MARGIN."""
     if h_v < 1 or num_sms < 1 or not chunks or min(chunks) < 1:
         raise ValueError(f"need h_v >= 1, num_sms >= 1 and sequences of >= 1 chunk; got h_v={h_v}, "
                          f"num_sms={num_sms}, chunks={chunks[:8]}")  # fmt: skip
-    base = predict_bwd_chains_us(chunks, h_v, num_sms, None, h)
+    if rev not in DSTATE_STEP_US:
+        raise ValueError(f"rev must be one of {sorted(DSTATE_STEP_US)}, got {rev!r}")
+    base = predict_bwd_chains_us(chunks, h_v, num_sms, None, h, rev)
     best, best_us = None, base
     for piece in h.piece_candidates(max(chunks)):
-        t = predict_bwd_chains_us(chunks, h_v, num_sms, piece, h)
+        t = predict_bwd_chains_us(chunks, h_v, num_sms, piece, h, rev)
         if t < best_us:
             best, best_us = piece, t
     return best if best is not None and best_us <= base * (1.0 - MARGIN) else None
@@ -87,7 +105,9 @@ def choose_bwd_cp(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = S
 _pieces = PerPlanCache()
 
 
-def bwd_piece_chunks(chunk_plan: ChunkPlan, h_v: int, num_sms: int) -> int | None:
-    """choose_bwd_cp for a ChunkPlan's sequences, cached per (plan object, h_v, #SM): decided once per
+def bwd_piece_chunks(chunk_plan: ChunkPlan, h_v: int, num_sms: int, rev: str = DEFAULT_REV) -> int | None:
+    """choose_bwd_cp for a ChunkPlan's sequences, cached per (plan object, h_v, #SM, rev): decided once per
     cu_seqlens, from the host offsets the plan holds (no host sync)."""
-    return _pieces.get(chunk_plan, (h_v, num_sms), lambda chunks, _cu: choose_bwd_cp(chunks, h_v, num_sms))
+    return _pieces.get(
+        chunk_plan, (h_v, num_sms, rev), lambda chunks, _cu: choose_bwd_cp(chunks, h_v, num_sms, rev=rev)
+    )

@@ -116,7 +116,7 @@ def test_stage1_against_float64_and_v2(name):
     ref_gc, ref_a0 = exact_stage1(k, g, beta, offsets)
     h_v = g.shape[-1]
     # the timing-only variants are compiled for bf16 only (each variant x dtype is one JIT compile)
-    impls = ["v2", *NEW_IMPLS] if k.dtype == torch.bfloat16 else ["v2", "v3", "v4", "v5"]
+    impls = ["v2", *NEW_IMPLS] if k.dtype == torch.bfloat16 else ["v2", "v3", "v4", "v5", "v7"]
     got = {impl: chunk_kkt_solve(k, g, beta, cu_seqlens=cu, kkt_impl=impl) for impl in impls}
     torch.cuda.synchronize()
     errs = {}
@@ -133,12 +133,12 @@ def test_stage1_against_float64_and_v2(name):
         e_gc, e_a0, e_head = errs[impl]
         assert e_gc < 1e-5, (impl, e_gc)
         assert e_a0 < 1e-2 and e_head < 1e-2, (impl, e_a0, e_head)
-        if impl != "v3-tf32":  # v2-scan and the 3xTF32 variants must be as accurate as v2
+        if impl != "v3-tf32":  # v2-scan, the 3xTF32 variants and v7 (bf16 splits) as accurate as v2
             assert e_a0 <= 1.05 * v2[1] + 1e-5, (impl, e_a0, v2[1])
         assert rel_l2(got[impl][1], got["v2"][1]) < 5e-3, impl
 
 
-FWD_IMPLS = ("v2", "v3", "v4", "v5")
+FWD_IMPLS = ("v2", "v3", "v4", "v5", "v7")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -187,7 +187,7 @@ def _time_config(h_qk, h_v, lens, flusher):
     row = {"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}"}
     for impl in ["v2", *NEW_IMPLS]:
         row[f"kkt_{impl}"] = _median_ms(lambda impl=impl: chunk_kkt_solve(k, g, beta, cu, kkt_impl=impl), flusher)
-    for impl in ("v3h", "v4", "v5"):
+    for impl in ("v3h", "v4", "v5", "v7"):
         row[f"fwd_{impl}"] = _median_ms(
             lambda impl=impl: chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu,
                                                          kkt_impl=impl), flusher)

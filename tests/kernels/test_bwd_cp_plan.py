@@ -1,7 +1,7 @@
 """The backward's CP decision (gdn/bwd_cp_plan.py) against what the H200 measured (session 9): the change of
 the whole backward with CP at forced piece lengths (tests/gpu/test_qla_bwd_cp.py::test_time_bwd_cp,
 results/H200/logs/2026-12-03-s9/call4-bwd_cp_timing.json) and two qwen35-bwd rows where session 9's first
-model split and lost."""
+model split and lost. Those ran stage 1 rev3, so the model is checked with rev3's step."""
 
 import itertools
 
@@ -38,7 +38,9 @@ def test_predicted_change_follows_the_h200(h_v, lens, piece):
     plain, with_cp = MEASURED[(h_v, lens, piece)]
     measured = 1000 * (with_cp - plain)
     c = chunks(lens)
-    predicted = predict_bwd_chains_us(c, h_v, SMS, piece) - predict_bwd_chains_us(c, h_v, SMS, None)
+    predicted = predict_bwd_chains_us(c, h_v, SMS, piece, rev="rev3") - predict_bwd_chains_us(
+        c, h_v, SMS, None, rev="rev3"
+    )
     assert abs(predicted - measured) <= max(250.0, 0.25 * abs(measured)), (predicted, measured)
     if abs(measured) > 100:
         assert (predicted > 0) == (measured > 0), (predicted, measured)
@@ -71,10 +73,19 @@ def test_cached_per_plan(monkeypatch):
 
     plan = build_plan_from_list([0, *itertools.accumulate([32768])], "cpu")
     assert bwd_cp_plan.bwd_piece_chunks(plan, 4, SMS) == 64
-    monkeypatch.setattr(bwd_cp_plan, "choose_bwd_cp", lambda *a: pytest.fail("decided again"))
+    monkeypatch.setattr(bwd_cp_plan, "choose_bwd_cp", lambda *a, **k: pytest.fail("decided again"))
     assert bwd_cp_plan.bwd_piece_chunks(plan, 4, SMS) == 64  # a hit: not decided again
     with pytest.raises(pytest.fail.Exception):
         bwd_cp_plan.bwd_piece_chunks(plan, 8, SMS)  # the head count is part of the key
+    with pytest.raises(pytest.fail.Exception):
+        bwd_cp_plan.bwd_piece_chunks(plan, 4, SMS, "rev3")  # and stage 1's revision (its step time)
+
+
+def test_rev4_steps_are_slower_and_named():
+    """rev4's extra GEMM makes each chain step longer; the decision names an unknown revision."""
+    assert stage1_chain_us([512], 4, SMS, "rev4") > stage1_chain_us([512], 4, SMS, "rev3")
+    with pytest.raises(ValueError, match="rev must be one of"):
+        choose_bwd_cp([512], 4, SMS, rev="rev2")
 
 
 def test_env_switch(monkeypatch):

@@ -185,3 +185,15 @@ def test_fused_fwd_state_store_compiles(use_h0):
     print(rep.line())
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_kkt_solve_v7_compiles(dtype):
+    """v7: K K^T and the four split products on wgmma, no spills, four CTAs per SM by shared memory."""
+    from qla_kernels.gdn.fwd.kkt_solve_v7 import PASS_CONFIGS, kkt_solve_v7_program
+
+    rep = build_sm90a(kkt_solve_v7_program(128, dtype), PASS_CONFIGS)
+    assert rep.source.count("wgmma_ss<") == 13, "K K^T plus 4 products x 3 split GEMMs, all wgmma"
+    assert "kTensorFloat32" not in rep.source, "no tf32 mma.sync left"
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= 56 * 1024, rep.line()  # 4 x (smem + 1 KiB reserved) <= 228 KiB
