@@ -53,6 +53,8 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # over hi/lo splits (gdn/fwd/kkt_solve_v7.py): no LDS-fed tf32 mma.sync, whose shared-memory traffic
     # bounds v4 (Nsight Compute, session 10)
     "v7": ("v7", ()),
+    "v7a": ("v7", (0, True)),  # v7 with one wait per product (its three split GEMMs issued back to back)
+    "v7b": ("v7", (0, True, True)),  # v7a with X written by the diagonal solves into its operand
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"

@@ -138,7 +138,7 @@ def test_stage1_against_float64_and_v2(name):
         assert rel_l2(got[impl][1], got["v2"][1]) < 5e-3, impl
 
 
-FWD_IMPLS = ("v2", "v3", "v4", "v5", "v7")
+FWD_IMPLS = ("v2", "v3", "v4", "v5", "v7", "v7b")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -187,7 +187,7 @@ def _time_config(h_qk, h_v, lens, flusher):
     row = {"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}"}
     for impl in ["v2", *NEW_IMPLS]:
         row[f"kkt_{impl}"] = _median_ms(lambda impl=impl: chunk_kkt_solve(k, g, beta, cu, kkt_impl=impl), flusher)
-    for impl in ("v3h", "v4", "v5", "v7"):
+    for impl in ("v3h", "v4", "v5", "v7", "v7a", "v7b"):
         row[f"fwd_{impl}"] = _median_ms(
             lambda impl=impl: chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu,
                                                          kkt_impl=impl), flusher)

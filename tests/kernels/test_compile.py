@@ -187,12 +187,16 @@ def test_fused_fwd_state_store_compiles(use_h0):
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_kkt_solve_v7_compiles(dtype):
+@pytest.mark.parametrize(
+    ("dtype", "one_wait", "lean_x"),
+    [("bfloat16", False, False), ("float16", False, False), ("bfloat16", True, False), ("bfloat16", True, True)],
+)
+def test_kkt_solve_v7_compiles(dtype, one_wait, lean_x):
     """v7: K K^T and the four split products on wgmma, no spills, four CTAs per SM by shared memory."""
     from qla_kernels.gdn.fwd.kkt_solve_v7 import PASS_CONFIGS, kkt_solve_v7_program
 
-    rep = build_sm90a(kkt_solve_v7_program(128, dtype), PASS_CONFIGS)
+    rep = build_sm90a(kkt_solve_v7_program(128, dtype, 0, one_wait, lean_x), PASS_CONFIGS)
+    assert rep.source.count("warpgroup_wait<") == (1 if one_wait else 13), "v7a: only K K^T's implicit wait"
     assert rep.source.count("wgmma_ss<") == 13, "K K^T plus 4 products x 3 split GEMMs, all wgmma"
     assert "kTensorFloat32" not in rep.source, "no tf32 mma.sync left"
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
