@@ -51,7 +51,8 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v4m": ("v3m", (True, 6, False, True, False, True, True, False)),
     # the off-diagonal inverse as four 64x64 products, N = X L_off, N^2, N Q, (Q - N Q) X, on bf16 wgmma
     # over hi/lo splits (gdn/fwd/kkt_solve_v7.py): no LDS-fed tf32 mma.sync, whose shared-memory traffic
-    # bounds v4 (Nsight Compute, session 10)
+    # bounds v4 (Nsight Compute, session 10). On the H200: v7 and v7a 12-14 % slower than v4, v7b 0.5-3 %
+    # faster (0.570 against 0.579 ms at 16/64 8192x4), all as accurate as v2.
     "v7": ("v7", ()),
     "v7a": ("v7", (0, True)),  # v7 with one wait per product (its three split GEMMs issued back to back)
     "v7b": ("v7", (0, True, True)),  # v7a with X written by the diagonal solves into its operand

@@ -40,14 +40,10 @@ PASS_SETUP_US = 20.0  # a stage-1 pass over pieces beyond its steps (launch, fir
 MARGIN = 0.05  # CP must be predicted at least this much faster than no CP
 
 
-def dstate_width(
-    chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int, rev: str = DEFAULT_REV
-) -> int:
+def dstate_width(chains: int, max_chunks: int, num_chunks: int, h_v: int, num_sms: int, rev: str = DEFAULT_REV) -> int:
     """Stage 1's V-slice for `chains` chains (sequences, or pieces): the width with the shorter estimated
     time (_chain_us)."""
-    return min(
-        DSTATE_STEP_US[rev], key=lambda bv: _chain_us(bv, chains, max_chunks, num_chunks, h_v, num_sms, rev)
-    )
+    return min(DSTATE_STEP_US[rev], key=lambda bv: _chain_us(bv, chains, max_chunks, num_chunks, h_v, num_sms, rev))
 
 
 def _chain_us(

@@ -20,6 +20,12 @@ roundings in float64 for the CPU test.
 
 One CTA per (chunk, value head), 128 threads (one warpgroup: wgmma M = 64). No C-backend build: that
 backend has no bf16; the CPU test checks the algorithm's emulation and the sm_90a compile.
+
+Measured on the H200 (session 10; NOTES.md): every variant's A0 is as accurate as v2's on all eight stage-1
+cases. v7 and v7a are 12-14 % slower than v4 (0.657 against 0.579 ms at 16/64 8192x4): the four dense
+64x64 products read more operand bytes than v4's block recursion saved, so shared-memory wavefronts per CTA
+stayed at v4's count (bank conflicts fell from 34 % to 7 %). v7b, which drops the 64x64 pass that built X,
+is 0.5-3 % faster than v4 on seven configs (0.570 ms there): not enough to replace v4 without a full sweep.
 """
 
 import tilelang
@@ -33,9 +39,7 @@ PAD = BLK + 1  # row stride of the diagonal inverses X_b (fp32)
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 
 
-def kkt_solve_v7_program(
-    dk: int, dtype: str, min_blocks_per_sm: int = 0, one_wait: bool = False, lean_x: bool = False
-):
+def kkt_solve_v7_program(dk: int, dtype: str, min_blocks_per_sm: int = 0, one_wait: bool = False, lean_x: bool = False):
     """TileLang program with kkt_solve_v3_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values. dtype is the input's (bf16 or
     fp16); the products run in bf16 either way (fp16's range is too small for the split's low parts).
