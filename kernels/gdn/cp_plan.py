@@ -56,7 +56,7 @@ class CPHeuristics:
     H200 against 17 qwen35-fwd mixes x 4 piece lengths timed with the harness's gates
     (tests/gpu/test_qla_cp.py::test_time_cp_mixes[harness]): the change CP makes to the whole forward is
     then predicted within 24 us RMS (169 before, which priced CP 0.1-0.45 ms too high and declined it on
-    7 mixes where it gains 3-24 %). The combine is the one-kernel
+    8 mixes where it gains 2.5-24 %). The combine is the one-kernel
     form (session 8, profile_cp's combine_kernel on the H200): its links S_{p+1} = M_p S_p + h_p run one
     after another within a sequence, ~10.5 us each, plus ~13.5 us for the launch and the first loads
     (0.087 ms for 7 links, 0.162 for 15, 0.340 for 31; 6 links of a two-sequence mix 0.078). The host walk
