@@ -149,9 +149,8 @@ def test_time_cp():
                    "device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
 
 
-# Many heads on long, uneven mixes: qwen35-fwd configs where FlashQLA led after session 8 (0.76-0.93x) and the
-# cost model declined CP (session 9 asks whether it should split them)
-# qwen35-fwd's configs where FlashQLA (CP on) leads: uneven two-sequence mixes and single long sequences.
+# qwen35-fwd's configs where FlashQLA (CP on) led after session 8: uneven two-sequence mixes and single long
+# sequences; their timings refit the CP model in session 10 (tests/kernels/test_cp_plan.py holds them)
 MIX_TIMING = [(16, 48, [4096, 28672]), (8, 24, [4096, 28672]), (16, 64, [28672, 4096]), (4, 16, [8192, 24576]),
               (16, 16, [8192, 24576]), (8, 24, [8192, 24576]), (8, 24, [28672, 4096]), (16, 48, [28672, 4096]),
               (16, 64, [4096, 28672]), (4, 16, [4096, 28672]), (2, 8, [8192]), (16, 16, [8192]), (2, 8, [16384]),

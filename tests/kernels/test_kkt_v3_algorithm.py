@@ -37,11 +37,9 @@ def product(a: torch.Tensor, b: torch.Tensor, precise: bool) -> torch.Tensor:
     return mma_tf32(al, bh) + mma_tf32(ah, bl) + mma_tf32(ah, bh)
 
 
-def emulate_kkt_v3(k: torch.Tensor, beta: torch.Tensor, precise: bool = True) -> torch.Tensor:
-    """A0 (fp32, before the output cast) for one chunk: k [64, 128] (bf16 values), beta [64] (0 past end)."""
-    kk = (k.double() @ k.double().T).float()
-    L = torch.tril(kk * beta.float()[:, None], -1)
-    # diagonal 16x16 blocks by forward substitution (fp32)
+def diagonal_inverses(L: torch.Tensor) -> torch.Tensor:
+    """(I + L_bb)^-1 of the four diagonal 16x16 blocks, stacked [64, 16]: the kernels' per-thread forward
+    substitution, one column per thread, in fp32 (v3 and v7 share it)."""
     dx = torch.zeros(C, BLK)
     for b in range(4):
         lb = L[b * BLK:(b + 1) * BLK, b * BLK:(b + 1) * BLK]
@@ -50,6 +48,14 @@ def emulate_kkt_v3(k: torch.Tensor, beta: torch.Tensor, precise: bool = True) ->
             for i in range(BLK):
                 col[i] = (1.0 if i == c else 0.0) - (lb[i, :i] * col[:i]).sum()
             dx[b * BLK:(b + 1) * BLK, c] = col
+    return dx
+
+
+def emulate_kkt_v3(k: torch.Tensor, beta: torch.Tensor, precise: bool = True) -> torch.Tensor:
+    """A0 (fp32, before the output cast) for one chunk: k [64, 128] (bf16 values), beta [64] (0 past end)."""
+    kk = (k.double() @ k.double().T).float()
+    L = torch.tril(kk * beta.float()[:, None], -1)
+    dx = diagonal_inverses(L)
     X = [dx[b * BLK:(b + 1) * BLK] for b in range(4)]
     z = torch.zeros(BLK, BLK)
     # level 1: both pairs as one 32-row product each

@@ -35,16 +35,8 @@ def product3(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def diagonal_inverses(L: torch.Tensor) -> torch.Tensor:
-    """X = blockdiag((I + L_bb)^-1) by the kernel's per-column forward substitution in fp32."""
-    X = torch.zeros(C, C)
-    for b in range(4):
-        lb = L[b * BLK : (b + 1) * BLK, b * BLK : (b + 1) * BLK]
-        for c in range(BLK):
-            col = torch.zeros(BLK)
-            for i in range(BLK):
-                col[i] = (1.0 if i == c else 0.0) - (lb[i, :i] * col[:i]).sum()
-            X[b * BLK : (b + 1) * BLK, b * BLK + c] = col
-    return X
+    """X = blockdiag((I + L_bb)^-1), from v3's emulation of the per-thread forward substitution."""
+    return torch.block_diag(*_v3.diagonal_inverses(L).split(BLK))
 
 
 def emulate_kkt_v7(k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ Block (i, j) of (I + N)^-1 holds exactly the terms of the block-triangular inver
 N21 N10 - N20), so the association changes, not the cancellation. Four products: N = X L_off, N^2 = N N,
 R = N Q, A0 = (Q - R) X, each as three bf16 GEMMs over split operands x = hi + lo (hi = bf16(x), lo =
 bf16(x - hi)): A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi with fp32 accumulation, ~2^-16 relative to |A||B|
-(v4's 3xTF32 is ~2^-21; A0 is stored in bf16, 2^-9). gdn/rounding_study.kkt_v7_emulation reproduces the
-roundings in float64 for the CPU test.
+(v4's 3xTF32 is ~2^-21; A0 is stored in bf16, 2^-9). tests/kernels/test_kkt_v7_algorithm.py reproduces the
+roundings in float64 on the CPU.
 
 One CTA per (chunk, value head), 128 threads (one warpgroup: wgmma M = 64). No C-backend build: that
 backend has no bf16; the CPU test checks the algorithm's emulation and the sm_90a compile.
