@@ -30,8 +30,9 @@ def variants() -> list[tuple[str, str, tuple]]:
 
     out: list[tuple[str, str, tuple]] = []
     for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
-        for dt in ("bfloat16", "float16") if impl in ("v2", "v3", "v3h", "v4", "v5", "v7") else ("bfloat16",):
-            fname = {"v2": "kkt_solve_kernel", "v3m": "kkt_solve_v3_merged_kernel", "v7": "kkt_solve_v7_kernel"}.get(
+        for dt in ("bfloat16", "float16") if impl in ("v2", "v3", "v3h", "v4", "v5", "v7", "v8") else ("bfloat16",):
+            fname = {"v2": "kkt_solve_kernel", "v3m": "kkt_solve_v3_merged_kernel", "v7": "kkt_solve_v7_kernel",
+                     "v8": "kkt_solve_v8_kernel"}.get(
                 version, "kkt_solve_v3_kernel"
             )
             out.append((f"kkt {impl} {dt}", fname, (HEAD_DIM, dt, *extra)))
@@ -119,9 +120,10 @@ def factory(name: str):
         kkt_solve,
         kkt_solve_v3,
         kkt_solve_v7,
+        kkt_solve_v8,
     )
 
-    modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, fused_fwd_ws, fused_fwd_ws7, fused_fwd, cp_combine,
+    modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, fused_fwd_ws, fused_fwd_ws7, fused_fwd, cp_combine,
                dstate_chain, chunk_grads, dvl_wk)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):

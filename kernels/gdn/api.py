@@ -56,6 +56,9 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v7": ("v7", ()),
     "v7a": ("v7", (0, True)),  # v7 with one wait per product (its three split GEMMs issued back to back)
     "v7b": ("v7", (0, True, True)),  # v7a with X written by the diagonal solves into its operand
+    # the whole inverse by forward substitution in fp32 registers, one thread per column, L read by broadcast
+    # 16-byte loads (gdn/fwd/kkt_solve_v8.py): no split products, ~1/5 of v4's shared-memory wavefronts
+    "v8": ("v8", ()),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
@@ -145,6 +148,10 @@ def _kkt_kernel(impl: str, dt: str):
         from .fwd.kkt_solve_v7 import kkt_solve_v7_kernel
 
         return launcher(kkt_solve_v7_kernel(HEAD_DIM, dt, *extra))
+    if version == "v8":
+        from .fwd.kkt_solve_v8 import kkt_solve_v8_kernel
+
+        return launcher(kkt_solve_v8_kernel(HEAD_DIM, dt, *extra))
     from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel, kkt_solve_v3_merged_kernel
 
     return launcher((kkt_solve_v3_merged_kernel if version == "v3m" else kkt_solve_v3_kernel)(HEAD_DIM, dt, *extra))

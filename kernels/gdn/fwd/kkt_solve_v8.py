@@ -1,0 +1,141 @@
+"""Stage 1, v8: the chunk-local cumsum of g and A0 = (I + L)^-1, L = StrictLower(diag(beta) K K^T), with the
+whole inverse by forward substitution in fp32 registers: one thread per column of A0, no tensor-core
+products after K K^T, no operand splits.
+
+Why: v4 (3xTF32 mma.sync on the off-diagonal blocks) and v7 (bf16 wgmma over hi/lo splits) are both bound
+by shared memory on the H200 (Nsight Compute, session 10: ~3490 wavefronts per CTA for each, L1 at 95 %),
+and most of that traffic is operand movement of the split products, not arithmetic: the inverse of a
+64x64 unit lower-triangular matrix is only ~44 K multiply-adds. Here every thread of the first two warps
+keeps one column x of A0 in 64 registers and runs
+    x_i = [i == j] - sum_{k<i} L_ik x_k,   i = 0 .. 63,
+reading L_ik from shared memory: all 32 lanes of a warp read the same L_ik (a broadcast, one wavefront per
+load), so the whole inverse costs ~630 wavefronts of vector loads instead of v4's ~3000. The second warp
+(columns 32..63) starts at row 32, since x_k = 0 for k < j. The arithmetic is exact fp32 (v4's 3xTF32 is
+~2^-21 relative, v7's splits ~2^-16); A0 is rounded once, to the input dtype, when stored.
+
+One CTA per (chunk, value head), 128 threads (K K^T is one warpgroup's wgmma, M = 64); warps 2 and 3 write
+the chunk's g cumsum while warps 0 and 1 solve.
+"""
+
+import tilelang
+import tilelang.language as T
+
+CHUNK = 64
+LPAD = 4  # L's row padding (floats): rows stay 16-byte aligned for vector loads
+NPART = 4  # independent partial sums per row (the FMA chain's latency, not its count, bounds a column)
+
+# one 16-byte shared load into four registers: LLVM's instcombine splits a plain float4 load whose lanes are
+# only read one by one back into four scalar loads (2150 of them in this kernel's PTX, not 540)
+LDS_F32X4_SOURCE = r"""
+__device__ __forceinline__ void qla_lds_f32x4(float* dst, const float* src) {
+  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(src));
+  asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+      : "=f"(dst[0]), "=f"(dst[1]), "=f"(dst[2]), "=f"(dst[3]) : "r"(addr));
+}
+"""
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+
+def kkt_solve_v8_program(dk: int, dtype: str):
+    """TileLang program with kkt_solve_v3_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
+    (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values; dtype is the input's (bf16 or
+    fp16), K K^T runs on its tensor cores with fp32 accumulation."""
+    C = CHUNK
+    half = C // 2
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs_p1")
+    nc = T.dynamic("num_chunks")
+    acc = "float32"
+
+    @T.macro
+    def solve_rows(ld_sh, x, part, lrow, j, row0):
+        """x_i for i in [row0, C) of column j, with x zero on entry. Row i's sum runs over whole groups of
+        four k (one 16-byte load of L each, partial sum k % 4): the group's extra terms have k >= i, where
+        L_ik = 0 and x_k is still 0, so they add exact zeros."""
+        for i in T.unroll(row0, C):
+            for p in T.unroll(NPART):
+                part[p] = 0.0
+            for k4 in T.unroll(row0 // NPART, (i + NPART - 1) // NPART):
+                T.call_extern("handle", "qla_lds_f32x4", T.address_of(lrow[0]), T.address_of(ld_sh[i, k4 * NPART]))
+                for p in T.unroll(NPART):
+                    part[p] = part[p] + lrow[p] * x[k4 * NPART + p]
+            x[i] = T.if_then_else(i == j, 1.0, 0.0) - ((part[0] + part[1]) + (part[2] + part[3]))
+
+    @T.prim_func
+    def kkt_solve_v8(
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        g: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_indices: T.Tensor((nc, 2), "int32"),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+    ):
+        with T.Kernel(nc * h_v, threads=128) as (bid,):
+            T.import_source(LDS_F32X4_SOURCE)
+            bh = T.alloc_var("int32", init=bid % h_v)
+            bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
+            seq = T.alloc_var("int32", init=chunk_indices[bid // h_v, 0])
+            start = T.alloc_var("int32", init=cu_seqlens[seq] + chunk_indices[bid // h_v, 1] * C)
+            end = T.alloc_var("int32", init=cu_seqlens[seq + 1])
+
+            k_sh = T.alloc_shared((C, dk), dtype)
+            b_sh = T.alloc_shared((C,), acc)
+            gc_sh = T.alloc_shared((C,), acc)
+            ld_sh = T.alloc_shared((C, C + LPAD), acc)
+            kk = T.alloc_fragment((C, C), acc)
+            x = T.alloc_local((C,), acc)
+            part = T.alloc_local((NPART,), acc)
+            lrow = T.alloc_local((NPART,), acc)
+
+            # K tile unmasked (v4's argument: beta = 0 past the sequence end zeroes those rows of L, and a
+            # column j past the end only meets rows i > j, also past the end)
+            k_ready = T.alloc_barrier(arrive_count=32)
+            if T.get_thread_binding() < 32:
+                T.tma_copy(k[0, start : start + C, bhg, 0:dk], k_sh, barrier=k_ready)
+                T.barrier_arrive(k_ready)
+            for i in T.Parallel(C):
+                if start + i < end:
+                    b_sh[i] = beta[0, start + i, bh]
+                    gc_sh[i] = g[0, start + i, bh]
+                else:
+                    b_sh[i] = 0.0
+                    gc_sh[i] = 0.0
+            T.barrier_wait(k_ready, 0)
+            T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                ld_sh[i, j] = T.if_then_else(i > j, kk[i, j] * b_sh[i], 0.0)
+            T.sync_threads()
+
+            tx = T.get_thread_binding()
+            for i in T.unroll(C):
+                x[i] = 0.0
+            if tx < half:
+                solve_rows(ld_sh, x, part, lrow, tx, 0)
+            elif tx < C:
+                solve_rows(ld_sh, x, part, lrow, tx, half)
+            else:
+                # the chunk-local cumsum, sequential per thread (64 adds): warps 2 and 3 are idle otherwise
+                if tx == C:
+                    for i in T.serial(1, C):
+                        gc_sh[i] = gc_sh[i] + gc_sh[i - 1]
+            if tx < C:
+                if start + C <= end:
+                    for i in T.unroll(C):
+                        a0[0, start + i, bh, tx] = T.cast(x[i], dtype)
+                else:
+                    for i in T.unroll(C):
+                        if start + i < end:
+                            a0[0, start + i, bh, tx] = T.cast(x[i], dtype)
+            T.sync_threads()
+            for i in T.Parallel(C):
+                if start + i < end:
+                    g_cumsum[0, start + i, bh] = gc_sh[i]
+
+    return kkt_solve_v8
+
+
+kkt_solve_v8_kernel = tilelang.jit(kkt_solve_v8_program, pass_configs=PASS_CONFIGS)

@@ -1,0 +1,48 @@
+"""kkt v8's forward substitution, emulated in float32 with the kernel's grouping, against a float64 inverse.
+
+The kernel (gdn/fwd/kkt_solve_v8.py) sums each row over whole groups of four k into four partial sums and
+relies on the group's extra terms (k >= i) being exact zeros; the second warp starts at row 32. This checks
+that arithmetic, on fresh random chunks, without a GPU.
+"""
+
+import numpy as np
+import pytest
+
+from qla_kernels.gdn.fwd.kkt_solve_v8 import CHUNK, NPART
+
+
+def _l_matrix(rng, n_valid: int) -> np.ndarray:
+    """L = StrictLower(diag(beta) K K^T) in float32 for unit-norm keys; rows past n_valid have beta = 0."""
+    k = rng.standard_normal((CHUNK, 128))
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    beta = rng.uniform(0.0, 1.0, CHUNK)
+    beta[n_valid:] = 0.0
+    kk = (k.astype(np.float32).astype(np.float64) @ k.T).astype(np.float32)
+    return np.tril(kk * beta[:, None].astype(np.float32), -1).astype(np.float32)
+
+
+def _emulate(lmat: np.ndarray) -> np.ndarray:
+    """A0's columns as the kernel's threads compute them (float32, grouped partial sums)."""
+    a0 = np.zeros((CHUNK, CHUNK), np.float32)
+    for j in range(CHUNK):
+        row0 = 0 if j < CHUNK // 2 else CHUNK // 2
+        x = np.zeros(CHUNK, np.float32)
+        for i in range(row0, CHUNK):
+            part = np.zeros(NPART, np.float32)
+            for k4 in range(row0 // NPART, (i + NPART - 1) // NPART):
+                for p in range(NPART):
+                    part[p] = np.float32(part[p] + lmat[i, k4 * NPART + p] * x[k4 * NPART + p])
+            x[i] = np.float32(1.0 if i == j else 0.0) - ((part[0] + part[1]) + (part[2] + part[3]))
+        a0[:, j] = x
+    return a0
+
+
+@pytest.mark.parametrize(("seed", "n_valid"), [(0, 64), (1, 64), (2, 37), (3, 1)])
+def test_v8_substitution_matches_float64(seed, n_valid):
+    lmat = _l_matrix(np.random.default_rng(seed), n_valid)
+    ref = np.linalg.inv(np.eye(CHUNK) + lmat.astype(np.float64))
+    got = _emulate(lmat).astype(np.float64)
+    assert np.array_equal(np.triu(got, 1), np.zeros_like(got)), "A0 must stay lower triangular"
+    assert np.allclose(np.diag(got), 1.0)
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err < 1e-5, err  # fp32 arithmetic; the bf16 store (2^-9) is far above this
