@@ -57,8 +57,11 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v7a": ("v7", (0, True)),  # v7 with one wait per product (its three split GEMMs issued back to back)
     "v7b": ("v7", (0, True, True)),  # v7a with X written by the diagonal solves into its operand
     # the whole inverse by forward substitution in fp32 registers, one thread per column, L read by broadcast
-    # 16-byte loads (gdn/fwd/kkt_solve_v8.py): no split products, ~1/5 of v4's shared-memory wavefronts
+    # 16-byte loads (gdn/fwd/kkt_solve_v8.py): no split products. v8 (left-looking: each row one dependent
+    # sum) passed on the H200 but ran 14 % slower than v4 (0.657 against 0.578 ms at 16/64 8192x4);
+    # v8r is right-looking (each step's updates independent, one FMA of latency chain per step).
     "v8": ("v8", ()),
+    "v8r": ("v8", (True,)),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"

@@ -203,13 +203,13 @@ def test_kkt_solve_v7_compiles(dtype, one_wait, lean_x):
     assert 0 < rep.dyn_smem_bytes <= 56 * 1024, rep.line()  # 4 x (smem + 1 KiB reserved) <= 228 KiB
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_kkt_solve_v8_compiles(dtype):
+@pytest.mark.parametrize(("dtype", "right_looking"), [("bfloat16", False), ("float16", False), ("bfloat16", True)])
+def test_kkt_solve_v8_compiles(dtype, right_looking):
     """v8: K K^T on wgmma, then the column substitutions fully unrolled in registers (no spills) with L read
     by 16-byte shared loads, and a register count that leaves four CTAs per SM."""
     from qla_kernels.gdn.fwd.kkt_solve_v8 import PASS_CONFIGS, kkt_solve_v8_program
 
-    rep = build_sm90a(kkt_solve_v8_program(128, dtype), PASS_CONFIGS)
+    rep = build_sm90a(kkt_solve_v8_program(128, dtype, right_looking), PASS_CONFIGS)
     assert rep.source.count("wgmma_ss<") == 1, "only K K^T on tensor cores"
     assert "qla_lds_f32x4" in rep.source, "L's rows should be read by the 16-byte load helper"
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()

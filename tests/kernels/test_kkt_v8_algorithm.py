@@ -21,6 +21,21 @@ def _l_matrix(rng, n_valid: int) -> np.ndarray:
     return np.tril(kk * beta[:, None].astype(np.float32), -1).astype(np.float32)
 
 
+def _emulate_right_looking(lmat: np.ndarray) -> np.ndarray:
+    """v8r: x = e_j, then for each k every row in the groups of four from k + 1's takes x_i += (-L_ik) x_k."""
+    neg_lt = (-lmat.T).astype(np.float32)
+    a0 = np.zeros((CHUNK, CHUNK), np.float32)
+    for j in range(CHUNK):
+        row0 = 0 if j < CHUNK // 2 else CHUNK // 2
+        x = np.zeros(CHUNK, np.float32)
+        x[j] = 1.0
+        for k in range(row0, CHUNK - 1):
+            lo = (k + 1) // NPART * NPART
+            x[lo:] = (x[lo:] + neg_lt[k, lo:] * x[k]).astype(np.float32)
+        a0[:, j] = x
+    return a0
+
+
 def _emulate(lmat: np.ndarray) -> np.ndarray:
     """A0's columns as the kernel's threads compute them (float32, grouped partial sums)."""
     a0 = np.zeros((CHUNK, CHUNK), np.float32)
@@ -37,11 +52,12 @@ def _emulate(lmat: np.ndarray) -> np.ndarray:
     return a0
 
 
+@pytest.mark.parametrize("right_looking", [False, True])
 @pytest.mark.parametrize(("seed", "n_valid"), [(0, 64), (1, 64), (2, 37), (3, 1)])
-def test_v8_substitution_matches_float64(seed, n_valid):
+def test_v8_substitution_matches_float64(seed, n_valid, right_looking):
     lmat = _l_matrix(np.random.default_rng(seed), n_valid)
     ref = np.linalg.inv(np.eye(CHUNK) + lmat.astype(np.float64))
-    got = _emulate(lmat).astype(np.float64)
+    got = (_emulate_right_looking if right_looking else _emulate)(lmat).astype(np.float64)
     assert np.array_equal(np.triu(got, 1), np.zeros_like(got)), "A0 must stay lower triangular"
     assert np.allclose(np.diag(got), 1.0)
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
