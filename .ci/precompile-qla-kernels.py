@@ -30,10 +30,10 @@ def variants() -> list[tuple[str, str, tuple]]:
 
     out: list[tuple[str, str, tuple]] = []
     for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
-        both = impl in ("v2", "v3", "v3h", "v4", "v5", "v7", "v8", "v8r")
+        both = impl in ("v2", "v3", "v3h", "v4", "v5", "v7", "v8", "v8r", "v9")
         for dt in ("bfloat16", "float16") if both else ("bfloat16",):
             fname = {"v2": "kkt_solve_kernel", "v3m": "kkt_solve_v3_merged_kernel", "v7": "kkt_solve_v7_kernel",
-                     "v8": "kkt_solve_v8_kernel"}.get(
+                     "v8": "kkt_solve_v8_kernel", "v9": "kkt_solve_v9_kernel"}.get(
                 version, "kkt_solve_v3_kernel"
             )
             out.append((f"kkt {impl} {dt}", fname, (HEAD_DIM, dt, *extra)))
@@ -122,10 +122,11 @@ def factory(name: str):
         kkt_solve_v3,
         kkt_solve_v7,
         kkt_solve_v8,
+        kkt_solve_v9,
     )
 
-    modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, fused_fwd_ws, fused_fwd_ws7, fused_fwd, cp_combine,
-               dstate_chain, chunk_grads, dvl_wk)  # fmt: skip
+    modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, fused_fwd_ws, fused_fwd_ws7,
+               fused_fwd, cp_combine, dstate_chain, chunk_grads, dvl_wk)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)

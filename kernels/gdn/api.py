@@ -62,6 +62,9 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # v8r is right-looking (each step's updates independent, one FMA of latency chain per step).
     "v8": ("v8", ()),
     "v8r": ("v8", (True,)),
+    # two 32x32 diagonal solves (v8r's form) and X10 = X11 (-L10 X00) as fp32 FMAs over all four warps
+    # (gdn/fwd/kkt_solve_v9.py): no warp with v8's 2000-FMA column, the heavy warps alternate per CTA
+    "v9": ("v9", ()),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
@@ -151,6 +154,10 @@ def _kkt_kernel(impl: str, dt: str):
         from .fwd.kkt_solve_v7 import kkt_solve_v7_kernel
 
         return launcher(kkt_solve_v7_kernel(HEAD_DIM, dt, *extra))
+    if version == "v9":
+        from .fwd.kkt_solve_v9 import kkt_solve_v9_kernel
+
+        return launcher(kkt_solve_v9_kernel(HEAD_DIM, dt, *extra))
     if version == "v8":
         from .fwd.kkt_solve_v8 import kkt_solve_v8_kernel
 

@@ -42,7 +42,7 @@ def test_fused_impl_selection(monkeypatch):
 
 
 def test_unknown_names_are_errors(monkeypatch):
-    monkeypatch.setenv("QLA_KKT_IMPL", "v9")
+    monkeypatch.setenv("QLA_KKT_IMPL", "v99")
     with pytest.raises(ValueError, match=r"\$QLA_KKT_IMPL must be one of"):
         resolve_kkt_impl()
     with pytest.raises(ValueError, match="kkt_impl must be one of"):

@@ -1,4 +1,4 @@
-"""kkt v8's forward substitution, emulated in float32 with the kernel's grouping, against a float64 inverse.
+"""kkt v8's and v9's forward substitutions, emulated in float32 with the kernel's grouping, against a float64 inverse.
 
 The kernel (gdn/fwd/kkt_solve_v8.py) sums each row over whole groups of four k into four partial sums and
 relies on the group's extra terms (k >= i) being exact zeros; the second warp starts at row 32. This checks
@@ -36,6 +36,31 @@ def _emulate_right_looking(lmat: np.ndarray) -> np.ndarray:
     return a0
 
 
+def _emulate_blocked(lmat: np.ndarray) -> np.ndarray:
+    """v9: the two 32x32 diagonal blocks right-looking, then M = (-L10) X00 and X10 = X11 M in float32."""
+    h = CHUNK // 2
+    a0 = np.zeros((CHUNK, CHUNK), np.float32)
+    for r0 in (0, h):
+        a0[r0 : r0 + h, r0 : r0 + h] = _emulate_right_looking_block(lmat[r0 : r0 + h, r0 : r0 + h])
+    m = (-lmat[h:, :h]).astype(np.float32) @ a0[:h, :h]
+    a0[h:, :h] = (a0[h:, h:] @ m.astype(np.float32)).astype(np.float32)
+    return a0
+
+
+def _emulate_right_looking_block(lblock: np.ndarray) -> np.ndarray:
+    n = lblock.shape[0]
+    neg_lt = (-lblock.T).astype(np.float32)
+    out = np.zeros((n, n), np.float32)
+    for j in range(n):
+        x = np.zeros(n, np.float32)
+        x[j] = 1.0
+        for k in range(n - 1):
+            lo = (k + 1) // NPART * NPART
+            x[lo:] = (x[lo:] + neg_lt[k, lo:] * x[k]).astype(np.float32)
+        out[:, j] = x
+    return out
+
+
 def _emulate(lmat: np.ndarray) -> np.ndarray:
     """A0's columns as the kernel's threads compute them (float32, grouped partial sums)."""
     a0 = np.zeros((CHUNK, CHUNK), np.float32)
@@ -52,12 +77,12 @@ def _emulate(lmat: np.ndarray) -> np.ndarray:
     return a0
 
 
-@pytest.mark.parametrize("right_looking", [False, True])
+@pytest.mark.parametrize("form", ["v8", "v8r", "v9"])
 @pytest.mark.parametrize(("seed", "n_valid"), [(0, 64), (1, 64), (2, 37), (3, 1)])
-def test_v8_substitution_matches_float64(seed, n_valid, right_looking):
+def test_v8_substitution_matches_float64(seed, n_valid, form):
     lmat = _l_matrix(np.random.default_rng(seed), n_valid)
     ref = np.linalg.inv(np.eye(CHUNK) + lmat.astype(np.float64))
-    got = (_emulate_right_looking if right_looking else _emulate)(lmat).astype(np.float64)
+    got = {"v8": _emulate, "v8r": _emulate_right_looking, "v9": _emulate_blocked}[form](lmat).astype(np.float64)
     assert np.array_equal(np.triu(got, 1), np.zeros_like(got)), "A0 must stay lower triangular"
     assert np.allclose(np.diag(got), 1.0)
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
