@@ -22,7 +22,12 @@ CHUNK = 64
 HALF = CHUNK // 2
 ROWS = 8  # rows of a product's output per thread (32 columns x 4 warps x 8 rows = 32x32)
 
-PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+# every global index is in range by construction (stores are masked by the sequence end), so the bounds
+# checks TileLang adds around each scalar store are pure overhead
+PASS_CONFIGS = {
+    tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+    tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True,
+}
 
 
 def kkt_solve_v9_program(dk: int, dtype: str):
