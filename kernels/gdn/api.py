@@ -65,6 +65,7 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # two 32x32 diagonal solves (v8r's form) and X10 = X11 (-L10 X00) as fp32 FMAs over all four warps
     # (gdn/fwd/kkt_solve_v9.py): no warp with v8's 2000-FMA column, the heavy warps alternate per CTA
     "v9": ("v9", ()),
+    "v9b": ("v9", (True,)),  # v9 with a register-held g cumsum and X11 stored transposed (vector loads)
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"

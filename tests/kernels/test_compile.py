@@ -217,12 +217,13 @@ def test_kkt_solve_v8_compiles(dtype, right_looking):
     assert 0 < rep.dyn_smem_bytes <= 40 * 1024, rep.line()
 
 
-def test_kkt_solve_v9_compiles():
+@pytest.mark.parametrize("lean", [False, True])
+def test_kkt_solve_v9_compiles(lean):
     """v9: K K^T on wgmma, the two diagonal solves and the two block products in fp32 registers (no spills),
     four CTAs per SM by registers and shared memory."""
     from qla_kernels.gdn.fwd.kkt_solve_v9 import PASS_CONFIGS, kkt_solve_v9_program
 
-    rep = build_sm90a(kkt_solve_v9_program(128, "bfloat16"), PASS_CONFIGS)
+    rep = build_sm90a(kkt_solve_v9_program(128, "bfloat16", lean), PASS_CONFIGS)
     assert rep.source.count("wgmma_ss<") == 1, "only K K^T on tensor cores"
     assert "__launch_bounds__(128, 4)" in rep.source
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()

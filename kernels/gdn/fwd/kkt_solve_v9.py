@@ -30,10 +30,16 @@ PASS_CONFIGS = {
 }
 
 
-def kkt_solve_v9_program(dk: int, dtype: str):
+def kkt_solve_v9_program(dk: int, dtype: str, lean: bool = False):
     """TileLang program with kkt_solve_v3_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values; dtype is the input's (bf16 or
-    fp16); K K^T runs on its tensor cores with fp32 accumulation."""
+    fp16); K K^T runs on its tensor cores with fp32 accumulation.
+
+    lean=True (v9b) shortens what runs beside the diagonal solves and the second product: the g cumsum
+    keeps its running sum in a register over a fully unrolled loop (v9 re-read each partial sum from shared
+    memory, ~30 cycles a step, ~2000 in all, longer than a diagonal solve), and X11 is stored transposed
+    so the second product reads its rows with two 16-byte broadcast loads per step instead of eight scalar
+    ones."""
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -84,6 +90,7 @@ def kkt_solve_v9_program(dk: int, dtype: str):
             lrow = T.alloc_local((4,), acc)
             lrow2 = T.alloc_local((4,), acc)
             out = T.alloc_local((ROWS,), acc)
+            run = T.alloc_local((1,), acc)
 
             # K tile unmasked (v4's argument: beta = 0 past the sequence end zeroes those rows of L, and a
             # column j past the end only meets rows i > j, also past the end)
@@ -115,7 +122,10 @@ def kkt_solve_v9_program(dk: int, dtype: str):
                     x[i] = T.if_then_else(i == lane, 1.0, 0.0)
                 solve_block(lt_sh, x, lrow, r0)
                 for i in T.unroll(HALF):
-                    xd_sh[r0 + i, r0 + lane] = x[i]
+                    if lean and slot == 1:  # X11^T: row lane holds column lane of X11
+                        xd_sh[r0 + lane, r0 + i] = x[i]
+                    else:
+                        xd_sh[r0 + i, r0 + lane] = x[i]
                 if start + C <= end:
                     for i in T.unroll(HALF):
                         a0[0, start + r0 + i, bh, r0 + lane] = T.cast(x[i], dtype)
@@ -130,8 +140,14 @@ def kkt_solve_v9_program(dk: int, dtype: str):
                             a0[0, start + i, bh, HALF + lane] = T.cast(0.0, dtype)
             elif slot == 2 and lane == 0:
                 # the chunk-local cumsum, sequential (64 adds) on an otherwise idle warp
-                for i in T.serial(1, C):
-                    gc_sh[i] = gc_sh[i] + gc_sh[i - 1]
+                if lean:
+                    run[0] = 0.0
+                    for i in T.unroll(C):
+                        run[0] = run[0] + gc_sh[i]
+                        gc_sh[i] = run[0]
+                else:
+                    for i in T.serial(1, C):
+                        gc_sh[i] = gc_sh[i] + gc_sh[i - 1]
             T.sync_threads()
 
             # M = -L10 X00: thread (rows w*8.., column lane); -L10[r, k] = lt[k, 32 + r]
@@ -155,9 +171,21 @@ def kkt_solve_v9_program(dk: int, dtype: str):
             # X10 = X11 M
             for r in T.unroll(ROWS):
                 out[r] = 0.0
-            for kq in T.unroll(HALF):
-                for r in T.unroll(ROWS):
-                    out[r] = out[r] + xd_sh[HALF + w * ROWS + r, HALF + kq] * m_sh[kq, lane]
+            if lean:
+                # four rolled steps of eight: fully unrolled, nvcc hoists all 64 vector loads and spills
+                for kq0 in T.serial(HALF // 8):
+                    for kq1 in T.unroll(8):
+                        T.call_extern("handle", "qla_lds_f32x4", T.address_of(lrow[0]),
+                                      T.address_of(xd_sh[HALF + kq0 * 8 + kq1, HALF + w * ROWS]))
+                        T.call_extern("handle", "qla_lds_f32x4", T.address_of(lrow2[0]),
+                                      T.address_of(xd_sh[HALF + kq0 * 8 + kq1, HALF + w * ROWS + 4]))
+                        for r in T.unroll(4):
+                            out[r] = out[r] + lrow[r] * m_sh[kq0 * 8 + kq1, lane]
+                            out[r + 4] = out[r + 4] + lrow2[r] * m_sh[kq0 * 8 + kq1, lane]
+            else:
+                for kq in T.unroll(HALF):
+                    for r in T.unroll(ROWS):
+                        out[r] = out[r] + xd_sh[HALF + w * ROWS + r, HALF + kq] * m_sh[kq, lane]
             for r in T.unroll(ROWS):
                 if start + HALF + w * ROWS + r < end:
                     a0[0, start + HALF + w * ROWS + r, bh, lane] = T.cast(out[r], dtype)
