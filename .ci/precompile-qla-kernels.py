@@ -30,7 +30,7 @@ def variants() -> list[tuple[str, str, tuple]]:
 
     out: list[tuple[str, str, tuple]] = []
     for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
-        both = impl in ("v2", "v3", "v3h", "v4", "v5", "v7", "v8", "v8r", "v9", "v9b", "v9p")
+        both = impl in ("v2", "v3", "v3h", "v4", "v5", "v7", "v8", "v8r", "v9", "v9b")
         for dt in ("bfloat16", "float16") if both else ("bfloat16",):
             fname = {"v2": "kkt_solve_kernel", "v3m": "kkt_solve_v3_merged_kernel", "v7": "kkt_solve_v7_kernel",
                      "v8": "kkt_solve_v8_kernel", "v9": "kkt_solve_v9_kernel"}.get(

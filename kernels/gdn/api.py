@@ -66,8 +66,6 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # (gdn/fwd/kkt_solve_v9.py): no warp with v8's 2000-FMA column, the heavy warps alternate per CTA
     "v9": ("v9", ()),
     "v9b": ("v9", (True,)),  # v9 with a register-held g cumsum and X11 stored transposed (vector loads)
-    # v9b persistent: 3 CTAs on each of the H200's 132 SMs, the next item's loads in flight during a solve
-    "v9p": ("v9", (True, 3 * 132)),
 }
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
