@@ -47,6 +47,7 @@ class Row:
     gate: str = "flashqla"
     zero_gate_frac: float = 0.25
     seed: int = 0
+    check_seeds: int = 1  # seeds seed.. the numerics ran on; rel_l2 / max_abs are the worst over them
     sweep: str = ""
     # outcome
     status: str = Status.SKIPPED.value

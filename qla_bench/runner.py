@@ -93,6 +93,7 @@ def _base_row(point: SweepPoint, backend: str, opts: RunOptions, timer: str, run
         gate=recipe.gate,
         zero_gate_frac=recipe.zero_gate_frac,
         seed=wl.seed(opts.seed_base) if wl else 0,
+        check_seeds=opts.check_seeds,
         sweep=opts.sweep,
         timer=timer,
         gpu=opts.gpu,

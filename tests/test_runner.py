@@ -151,3 +151,27 @@ def test_results_folder_skips_side_folders(tmp_path):
         run_sweep(_sweep(seqlens=["1+33"]), _opts(["torch"]), tmp_path / side / "x.jsonl")
     assert [r.label for r in load_rows([tmp_path])] == ["1x70"]
     assert [r.label for r in load_rows([tmp_path / "numerics"])] == ["1+33"]
+
+
+def test_check_seeds_rows_hold_the_worst_error_over_the_seeds(tmp_path):
+    one = run_sweep(_sweep(seqlens=["1x70"]), _opts(["torch"]), None)[0]
+    opts = _opts(["torch"])
+    opts.check_seeds = 3
+    three = run_sweep(_sweep(seqlens=["1x70"]), opts, None)[0]
+    assert one.check_seeds == 1 and three.check_seeds == 3 and three.status == "PASSED"
+    assert three.first_call_ms is not None  # seed 0's first call, not None from a later seed
+    for name, err in one.rel_l2.items():  # seed 0 is among the three, so the worst is at least its error
+        assert three.rel_l2[name] >= err
+
+
+def test_worst_of_seeds_merges_errors_and_keeps_the_first_failure():
+    from qla_bench.session import SetupResult, worst_of_seeds
+
+    a = SetupResult("PASSED", rel_l2={"o": 1e-3, "dg": 5e-3}, max_abs={"o": 0.1}, nonfinite={"o": 0}, first_call_ms=9.0)
+    b = SetupResult("PASSED", rel_l2={"o": 2e-3, "dg": 4e-3}, max_abs={"o": 0.05}, nonfinite={"o": 0})
+    c = SetupResult("INCORRECT", reason="o rel-L2 0.5", rel_l2={"o": 0.5}, nonfinite={"o": 2})
+    m = worst_of_seeds([a, b])
+    assert m.status == "PASSED" and m.rel_l2 == {"o": 2e-3, "dg": 5e-3} and m.max_abs == {"o": 0.1}
+    assert m.first_call_ms == 9.0
+    m = worst_of_seeds([a, c])
+    assert m.status == "INCORRECT" and m.reason == "o rel-L2 0.5" and m.nonfinite == {"o": 2}

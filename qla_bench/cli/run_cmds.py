@@ -259,7 +259,9 @@ ROUNDS = typer.Option(4, "--rounds", help="Interleaved rounds the calls are spli
 ISOLATE = typer.Option(None, "--isolate/--no-isolate", help="One subprocess per backend (default: on for GPU).")
 TIMEOUT = typer.Option(600.0, "--timeout", help="Seconds a backend may take for one config step (isolated runs).")
 TOLERANCE = typer.Option("bf16", "--tolerance", help="Numerics profile: bf16 (rel-L2 <= 0.02), strict, fp32.")
-SEEDS = typer.Option(1, "--check-seeds", help="Seeds the numerics check runs per config before timing.")
+SEEDS = typer.Option(
+    1, "--check-seeds", help="Seeds the numerics check runs per config before timing; rows keep the worst error."
+)
 WARM = typer.Option(False, "--warm-l2", help="Skip the L2 flush between timed calls (default: cold L2).")
 RESUME = typer.Option(True, "--resume/--no-resume", help="Skip configs already in the results file.")
 REPORT = typer.Option(True, "--report/--no-report", help="Write the text table, Markdown report and plots.")
