@@ -37,6 +37,25 @@ __device__ __forceinline__ void qla_lds_f32x4(float* dst, const float* src) {
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 
 
+@T.macro
+def load_chunk_kkt(k, g, beta, k_sh, b_sh, gc_sh, kk, k_ready, start, end, bh, bhg, dk):
+    """The start every v8/v9 CTA shares: its chunk's K tile by TMA (one warp), beta and g of its tokens (zero past
+    the sequence end), then kk = K K^T on wgmma. The K tile is loaded unmasked (v4's argument: beta = 0 past the
+    end zeroes those rows of L, and a column j past the end only meets rows i > j, also past the end)."""
+    if T.get_thread_binding() < 32:
+        T.tma_copy(k[0, start : start + CHUNK, bhg, 0:dk], k_sh, barrier=k_ready)
+        T.barrier_arrive(k_ready)
+    for i in T.Parallel(CHUNK):
+        if start + i < end:
+            b_sh[i] = beta[0, start + i, bh]
+            gc_sh[i] = g[0, start + i, bh]
+        else:
+            b_sh[i] = 0.0
+            gc_sh[i] = 0.0
+    T.barrier_wait(k_ready, 0)
+    T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
+
+
 def kkt_solve_v8_program(dk: int, dtype: str, right_looking: bool = False):
     """TileLang program with kkt_solve_v3_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values; dtype is the input's (bf16 or
@@ -107,26 +126,13 @@ def kkt_solve_v8_program(dk: int, dtype: str, right_looking: bool = False):
             b_sh = T.alloc_shared((C,), acc)
             gc_sh = T.alloc_shared((C,), acc)
             ld_sh = T.alloc_shared((C, C + LPAD), acc)  # L, or L^T for the right-looking form
-            kk = T.alloc_fragment((C, C), acc)
+            kk = T.alloc_fragment((C, C), acc)  # K K^T
             x = T.alloc_local((C,), acc)
             part = T.alloc_local((NPART,), acc)
             lrow = T.alloc_local((NPART,), acc)
 
-            # K tile unmasked (v4's argument: beta = 0 past the sequence end zeroes those rows of L, and a
-            # column j past the end only meets rows i > j, also past the end)
             k_ready = T.alloc_barrier(arrive_count=32)
-            if T.get_thread_binding() < 32:
-                T.tma_copy(k[0, start : start + C, bhg, 0:dk], k_sh, barrier=k_ready)
-                T.barrier_arrive(k_ready)
-            for i in T.Parallel(C):
-                if start + i < end:
-                    b_sh[i] = beta[0, start + i, bh]
-                    gc_sh[i] = g[0, start + i, bh]
-                else:
-                    b_sh[i] = 0.0
-                    gc_sh[i] = 0.0
-            T.barrier_wait(k_ready, 0)
-            T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
+            load_chunk_kkt(k, g, beta, k_sh, b_sh, gc_sh, kk, k_ready, start, end, bh, bhg, dk)
             for i, j in T.Parallel(C, C):
                 if right_looking:
                     ld_sh[j, i] = T.if_then_else(i > j, -kk[i, j] * b_sh[i], 0.0)  # -L^T

@@ -16,7 +16,7 @@ One CTA per (chunk, value head), 128 threads.
 import tilelang
 import tilelang.language as T
 
-from .kkt_solve_v8 import LDS_F32X4_SOURCE, LPAD
+from .kkt_solve_v8 import LDS_F32X4_SOURCE, LPAD, load_chunk_kkt
 
 CHUNK = 64
 HALF = CHUNK // 2
@@ -92,21 +92,8 @@ def kkt_solve_v9_program(dk: int, dtype: str, lean: bool = False):
             out = T.alloc_local((ROWS,), acc)
             run = T.alloc_local((1,), acc)
 
-            # K tile unmasked (v4's argument: beta = 0 past the sequence end zeroes those rows of L, and a
-            # column j past the end only meets rows i > j, also past the end)
             k_ready = T.alloc_barrier(arrive_count=32)
-            if T.get_thread_binding() < 32:
-                T.tma_copy(k[0, start : start + C, bhg, 0:dk], k_sh, barrier=k_ready)
-                T.barrier_arrive(k_ready)
-            for i in T.Parallel(C):
-                if start + i < end:
-                    b_sh[i] = beta[0, start + i, bh]
-                    gc_sh[i] = g[0, start + i, bh]
-                else:
-                    b_sh[i] = 0.0
-                    gc_sh[i] = 0.0
-            T.barrier_wait(k_ready, 0)
-            T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
+            load_chunk_kkt(k, g, beta, k_sh, b_sh, gc_sh, kk, k_ready, start, end, bh, bhg, dk)
             for i, j in T.Parallel(C, C):
                 lt_sh[j, i] = T.if_then_else(i > j, -kk[i, j] * b_sh[i], 0.0)
             T.sync_threads()
