@@ -59,11 +59,13 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # the whole inverse by forward substitution in fp32 registers, one thread per column, L read by broadcast
     # 16-byte loads (gdn/fwd/kkt_solve_v8.py): no split products. v8 (left-looking: each row one dependent
     # sum) passed on the H200 but ran 14 % slower than v4 (0.657 against 0.578 ms at 16/64 8192x4);
-    # v8r is right-looking (each step's updates independent, one FMA of latency chain per step).
+    # v8r is right-looking (each step's updates independent, one FMA of latency chain per step): 0.670 ms.
     "v8": ("v8", ()),
     "v8r": ("v8", (True,)),
     # two 32x32 diagonal solves (v8r's form) and X10 = X11 (-L10 X00) as fp32 FMAs over all four warps
-    # (gdn/fwd/kkt_solve_v9.py): no warp with v8's 2000-FMA column, the heavy warps alternate per CTA
+    # (gdn/fwd/kkt_solve_v9.py): no warp with v8's 2000-FMA column, the heavy warps alternate per CTA.
+    # On the H200: v9 0.647 ms, v9b 0.622-0.636 (whole forward sweep 0.988x v4's speed). Every standalone
+    # form lands near v4: a CTA's serial load -> solve -> store life bounds them (NOTES.md, session 11).
     "v9": ("v9", ()),
     "v9b": ("v9", (True,)),  # v9 with a register-held g cumsum and X11 stored transposed (vector loads)
 }
