@@ -13,8 +13,13 @@ load), so the whole inverse costs ~630 wavefronts of vector loads instead of v4'
 (columns 32..63) starts at row 32, since x_k = 0 for k < j. The arithmetic is exact fp32 (v4's 3xTF32 is
 ~2^-21 relative, v7's splits ~2^-16); A0 is rounded once, to the input dtype, when stored.
 
-One CTA per (chunk, value head), 128 threads (K K^T is one warpgroup's wgmma, M = 64); warps 2 and 3 write
-the chunk's g cumsum while warps 0 and 1 solve.
+One CTA per (chunk, value head), 128 threads (K K^T is one warpgroup's wgmma, M = 64); one thread of warp 2
+sums the chunk's g while warps 0 and 1 solve.
+
+Measured on the H200 (session 11; NOTES.md): A0 as accurate as v2's on every stage-1 case, but v8 0.657 and
+v8r 0.670 ms against v4's 0.578 at 16/64 8192x4. The wavefront count fell as predicted; the time did not: the
+kernel is bound by each CTA's serial load -> solve -> store life, and here by one warp's ~2000-FMA column
+(v9 spreads that work over the four warps).
 """
 
 import tilelang

@@ -11,6 +11,10 @@ two products ~512 FMAs per thread on every warp. All arithmetic is fp32 FMA (no 
 K K^T, no operand splits); A0 is rounded once, to the input dtype, when stored.
 
 One CTA per (chunk, value head), 128 threads.
+
+Measured on the H200 (session 11; NOTES.md): as accurate as v2 on every stage-1 case; v9 0.647 and v9b
+0.622-0.636 ms against v4's 0.578 at 16/64 8192x4, with 2510 shared-memory wavefronts per CTA (v4: 3490):
+bound by CTA latency (loads, barriers), not by shared memory or arithmetic.
 """
 
 import tilelang
