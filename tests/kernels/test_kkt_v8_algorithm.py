@@ -21,15 +21,18 @@ def _l_matrix(rng, n_valid: int) -> np.ndarray:
     return np.tril(kk * beta[:, None].astype(np.float32), -1).astype(np.float32)
 
 
-def _emulate_right_looking(lmat: np.ndarray) -> np.ndarray:
-    """v8r: x = e_j, then for each k every row in the groups of four from k + 1's takes x_i += (-L_ik) x_k."""
+def _emulate_right_looking(lmat: np.ndarray, skip_upper: bool = True) -> np.ndarray:
+    """v8r: x = e_j, then for each k every row in the groups of four from k + 1's takes x_i += (-L_ik) x_k;
+    skip_upper: columns of the second half start at its first row (v8r's second warp), else at row 0 (v9's
+    32x32 diagonal blocks, each solved whole)."""
+    n = lmat.shape[0]
     neg_lt = (-lmat.T).astype(np.float32)
-    a0 = np.zeros((CHUNK, CHUNK), np.float32)
-    for j in range(CHUNK):
-        row0 = 0 if j < CHUNK // 2 else CHUNK // 2
-        x = np.zeros(CHUNK, np.float32)
+    a0 = np.zeros((n, n), np.float32)
+    for j in range(n):
+        row0 = n // 2 if skip_upper and j >= n // 2 else 0
+        x = np.zeros(n, np.float32)
         x[j] = 1.0
-        for k in range(row0, CHUNK - 1):
+        for k in range(row0, n - 1):
             lo = (k + 1) // NPART * NPART
             x[lo:] = (x[lo:] + neg_lt[k, lo:] * x[k]).astype(np.float32)
         a0[:, j] = x
@@ -41,24 +44,10 @@ def _emulate_blocked(lmat: np.ndarray) -> np.ndarray:
     h = CHUNK // 2
     a0 = np.zeros((CHUNK, CHUNK), np.float32)
     for r0 in (0, h):
-        a0[r0 : r0 + h, r0 : r0 + h] = _emulate_right_looking_block(lmat[r0 : r0 + h, r0 : r0 + h])
+        a0[r0 : r0 + h, r0 : r0 + h] = _emulate_right_looking(lmat[r0 : r0 + h, r0 : r0 + h], skip_upper=False)
     m = (-lmat[h:, :h]).astype(np.float32) @ a0[:h, :h]
     a0[h:, :h] = (a0[h:, h:] @ m.astype(np.float32)).astype(np.float32)
     return a0
-
-
-def _emulate_right_looking_block(lblock: np.ndarray) -> np.ndarray:
-    n = lblock.shape[0]
-    neg_lt = (-lblock.T).astype(np.float32)
-    out = np.zeros((n, n), np.float32)
-    for j in range(n):
-        x = np.zeros(n, np.float32)
-        x[j] = 1.0
-        for k in range(n - 1):
-            lo = (k + 1) // NPART * NPART
-            x[lo:] = (x[lo:] + neg_lt[k, lo:] * x[k]).astype(np.float32)
-        out[:, j] = x
-    return out
 
 
 def _emulate(lmat: np.ndarray) -> np.ndarray:

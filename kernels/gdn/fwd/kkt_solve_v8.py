@@ -61,6 +61,22 @@ def load_chunk_kkt(k, g, beta, k_sh, b_sh, gc_sh, kk, k_ready, start, end, bh, b
     T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
 
 
+@T.macro
+def solve_right_looking(lt, x, lrow, first, rows, off):
+    """Column substitution, right-looking, over rows and columns [off, off + rows) of -L^T held in lt (negated,
+    so each update is one FMA: nvcc left x - l * y as a multiply and a subtract); x[i] is row off + i of the
+    thread's column, e_j on entry and zero above row first. After step k, x_k is final and every row below
+    has its L_ik x_k term. Rows come in groups of four from the group holding k + 1: the group's rows i <= k
+    meet L_ik = 0 and are left exactly as they are."""
+    for kk in T.unroll(first, rows - 1):
+        for i4 in T.unroll((kk + 1) // NPART, rows // NPART):
+            T.call_extern(
+                "handle", "qla_lds_f32x4", T.address_of(lrow[0]), T.address_of(lt[off + kk, off + i4 * NPART])
+            )
+            for p in T.unroll(NPART):
+                x[i4 * NPART + p] = x[i4 * NPART + p] + lrow[p] * x[kk]
+
+
 def kkt_solve_v8_program(dk: int, dtype: str, right_looking: bool = False):
     """TileLang program with kkt_solve_v3_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values; dtype is the input's (bf16 or
@@ -94,18 +110,6 @@ def kkt_solve_v8_program(dk: int, dtype: str, right_looking: bool = False):
                 for p in T.unroll(NPART):
                     part[p] = part[p] + lrow[p] * x[k4 * NPART + p]
             x[i] = T.if_then_else(i == j, 1.0, 0.0) - ((part[0] + part[1]) + (part[2] + part[3]))
-
-    @T.macro
-    def solve_columns(lt, x, lrow, row0):
-        """lt holds -L^T (negated, so each update is one FMA: nvcc left x - l * y as a multiply and a
-        subtract). Right-looking: x = e_j on entry (x_k = 0 for k < row0); after step k, x_k is final and every
-        row below has its L_ik x_k term. Rows come in groups of four from the group holding k + 1: the
-        group's rows i <= k meet L_ik = 0 and are left exactly as they are."""
-        for kk in T.unroll(row0, C - 1):
-            for i4 in T.unroll((kk + 1) // NPART, C // NPART):
-                T.call_extern("handle", "qla_lds_f32x4", T.address_of(lrow[0]), T.address_of(lt[kk, i4 * NPART]))
-                for p in T.unroll(NPART):
-                    x[i4 * NPART + p] = x[i4 * NPART + p] + lrow[p] * x[kk]
 
     @T.prim_func
     def kkt_solve_v8(
@@ -150,12 +154,12 @@ def kkt_solve_v8_program(dk: int, dtype: str, right_looking: bool = False):
                 x[i] = T.if_then_else(right_looking and i == tx, 1.0, 0.0)
             if tx < half:
                 if right_looking:
-                    solve_columns(ld_sh, x, lrow, 0)
+                    solve_right_looking(ld_sh, x, lrow, 0, C, 0)
                 else:
                     solve_rows(ld_sh, x, part, lrow, tx, 0)
             elif tx < C:
                 if right_looking:
-                    solve_columns(ld_sh, x, lrow, half)
+                    solve_right_looking(ld_sh, x, lrow, half, C, 0)
                 else:
                     solve_rows(ld_sh, x, part, lrow, tx, half)
             else:

@@ -20,7 +20,7 @@ bound by CTA latency (loads, barriers), not by shared memory or arithmetic.
 import tilelang
 import tilelang.language as T
 
-from .kkt_solve_v8 import LDS_F32X4_SOURCE, LPAD, load_chunk_kkt
+from .kkt_solve_v8 import LDS_F32X4_SOURCE, LPAD, load_chunk_kkt, solve_right_looking
 
 CHUNK = 64
 HALF = CHUNK // 2
@@ -51,18 +51,6 @@ def kkt_solve_v9_program(dk: int, dtype: str, lean: bool = False):
     ns = T.dynamic("num_seqs_p1")
     nc = T.dynamic("num_chunks")
     acc = "float32"
-
-    @T.macro
-    def solve_block(lt, x, lrow, r0):
-        """x = e_j on entry (j = r0 + lane, entries r0..r0+31 live); right-looking over rows r0..r0+31 of
-        -L^T: after step k, x_k is final and every later row of the block has its term."""
-        for kk in T.unroll(HALF - 1):
-            for i4 in T.unroll((kk + 1) // 4, HALF // 4):
-                T.call_extern(
-                    "handle", "qla_lds_f32x4", T.address_of(lrow[0]), T.address_of(lt[r0 + kk, r0 + i4 * 4])
-                )
-                for p in T.unroll(4):
-                    x[i4 * 4 + p] = x[i4 * 4 + p] + lrow[p] * x[kk]
 
     @T.prim_func
     def kkt_solve_v9(
@@ -111,7 +99,7 @@ def kkt_solve_v9_program(dk: int, dtype: str, lean: bool = False):
                 r0 = slot * HALF
                 for i in T.unroll(HALF):
                     x[i] = T.if_then_else(i == lane, 1.0, 0.0)
-                solve_block(lt_sh, x, lrow, r0)
+                solve_right_looking(lt_sh, x, lrow, 0, HALF, r0)
                 for i in T.unroll(HALF):
                     if lean and slot == 1:  # X11^T: row lane holds column lane of X11
                         xd_sh[r0 + lane, r0 + i] = x[i]
