@@ -69,6 +69,8 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v9": ("v9", ()),
     "v9b": ("v9", (True,)),  # v9 with a register-held g cumsum and X11 stored transposed (vector loads)
 }
+# the stage-1 implementations that can write emit_ab's output (the v3 family with the lean scatter of L)
+AB_KKT_IMPLS = ("v3s", "v4", "v5")
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
 
@@ -80,8 +82,15 @@ DEFAULT_KKT_IMPL = "v4"
 # ws6 with the V-slice width for the config; "ws7" keeps the state transposed in one warpgroup's registers
 # so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7 with the
 # chain's first GEMMs asynchronous under its state publish and decay; "ws9" is ws8 with a leaner prep
-# warpgroup (Kb's gate factor per row, no negation pass).
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "auto")
+# warpgroup (Kb's gate factor per row, no negation pass); "ws10" is rev 7 of the warp-specialised kernel:
+# stage 1 hands it Gamma o A0 diag(beta) and A0 diag(beta) (kkt_solve_v3's emit_ab) instead of A0, so the
+# state chain is one GEMM, Vnew = U - Wk S, with U and Wk formed ahead of the state. It has no A0 for a
+# backward: the autograd forward (need_a0=True) runs ws6 in its place.
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "auto")
+# fused implementations that take stage 1's emit_ab output instead of A0
+AB_IMPLS = ("ws10",)
+# what runs instead of an AB_IMPLS kernel when the caller needs A0 (the autograd forward)
+A0_FALLBACK_IMPL = "ws6"
 TRANSPOSED_STATE_IMPLS = ("ws7", "ws8", "ws9")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
 DEFAULT_FUSED_IMPL = "auto"
@@ -135,20 +144,33 @@ def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first:
         rev = int(impl[2:])
         return launcher(fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, rev >= 8, False,
                                              rev >= 9))
-    if impl in ("ws", "ws5", "ws6"):
+    if impl in ("ws", "ws5", "ws6", "ws10"):
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
-        rev = {"ws": 4, "ws5": 5, "ws6": 6}[impl]
+        rev = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7}[impl]
         return launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v, False, rev))
     from .fwd.fused_fwd import fused_fwd_kernel
 
     return launcher(fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v))
 
 
+# kkt_solve_v3_program's positional flags up to fold_l00; emit_ab follows them
+_V3_FLAGS = 8
+
+
 @functools.cache
-def _kkt_kernel(impl: str, dt: str):
-    """The launcher of a kkt_solve kernel, memoised."""
+def _kkt_kernel(impl: str, dt: str, emit_ab: bool = False):
+    """The launcher of a kkt_solve kernel, memoised. emit_ab (v3 family with the lean scatter only: v3s,
+    v4, v5) writes [Gamma o A0 diag(beta) | A0 diag(beta)] instead of A0, for the AB_IMPLS fused kernels."""
     version, extra = KKT_IMPLS[impl]
+    if emit_ab:
+        if version != "v3" or len(extra) < 6 or not extra[5]:
+            raise ValueError(f"kkt_impl must be one of {list(AB_KKT_IMPLS)} with an emit_ab fused kernel "
+                             f"({list(AB_IMPLS)}), got {impl!r}")
+        from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel
+
+        flags = tuple(extra) + (False,) * (_V3_FLAGS - len(extra))
+        return launcher(kkt_solve_v3_kernel(HEAD_DIM, dt, *flags, True))
     if version == "v2":
         from .fwd.kkt_solve import kkt_solve_kernel
 
@@ -170,23 +192,25 @@ def _kkt_kernel(impl: str, dt: str):
     return launcher((kkt_solve_v3_merged_kernel if version == "v3m" else kkt_solve_v3_kernel)(HEAD_DIM, dt, *extra))
 
 
-def _launch_kkt(impl: str, kf: torch.Tensor, gf: torch.Tensor, bf: torch.Tensor, plan: ChunkPlan):
-    """Stage 1 on packed [1, B*T, ...] tensors: (g_cumsum fp32 chunk-local, A0 in k's dtype)."""
+def _launch_kkt(impl: str, kf: torch.Tensor, gf: torch.Tensor, bf: torch.Tensor, plan: ChunkPlan,
+                emit_ab: bool = False):
+    """Stage 1 on packed [1, B*T, ...] tensors: (g_cumsum fp32 chunk-local, A0 in k's dtype), or with
+    emit_ab (g_cumsum, [Gamma o A0 diag(beta) | A0 diag(beta)] [1, B*T, H_v, 128])."""
     g_cumsum = torch.empty_like(gf)
-    a0 = torch.empty(*gf.shape, CHUNK, dtype=kf.dtype, device=kf.device)
-    _kkt_kernel(impl, _TL_DTYPE[kf.dtype])(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0)
+    a0 = torch.empty(*gf.shape, 2 * CHUNK if emit_ab else CHUNK, dtype=kf.dtype, device=kf.device)
+    _kkt_kernel(impl, _TL_DTYPE[kf.dtype], emit_ab)(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0)
     return g_cumsum, a0
 
 
 class FwdOutput(NamedTuple):
     """o [B,T,H_v,V] (v's dtype); final_state [N,H_v,K,V] fp32 or None; g_cumsum [B,T,H_v] fp32
-    (chunk-local); a0 [B,T,H_v,64] (q's dtype), the gate-free WY inverse. The last two are what a
-    backward needs."""
+    (chunk-local); a0 [B,T,H_v,64] (q's dtype), the gate-free WY inverse, or None when an AB_IMPLS kernel
+    ran (need_a0=False). The last two are what a backward needs."""
 
     o: torch.Tensor
     final_state: torch.Tensor | None
     g_cumsum: torch.Tensor
-    a0: torch.Tensor
+    a0: torch.Tensor | None
 
 
 def pack_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -220,8 +244,13 @@ def chunk_gated_delta_rule_fwd(
     block_v: int | None = None,
     cp: bool | None = None,
     cp_piece: int | None = None,
+    need_a0: bool = True,
 ) -> FwdOutput:
     """GDN chunked-prefill forward (FLA layout). Returns FwdOutput(o, final_state, g_cumsum, a0).
+
+    need_a0=False (inference: nothing will run a backward) lets the fused kernel be an AB_IMPLS one, which
+    never forms A0 (FwdOutput.a0 is then None); with need_a0=True such an impl is replaced by
+    A0_FALLBACK_IMPL.
 
     state_v_first=True reads and writes states as [N,H_v,V,K] instead of [N,H_v,K,V].
     kkt_impl picks the stage-1 kernel (KKT_IMPLS; default $QLA_KKT_IMPL or DEFAULT_KKT_IMPL), fused_impl the
@@ -251,7 +280,12 @@ def chunk_gated_delta_rule_fwd(
     dt = _TL_DTYPE[q.dtype]
     qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
 
-    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan)
+    # the kernel that will run (auto's width is planned per launch; its kernel does not depend on the shape)
+    fimpl_name = choose_fused(1, h_v, 132)[0] if fimpl == "auto" else fimpl
+    if fimpl_name in AB_IMPLS and need_a0:
+        fimpl = fimpl_name = A0_FALLBACK_IMPL
+    emit_ab = fimpl_name in AB_IMPLS
+    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan, emit_ab)
 
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else _dummy_state(h_v, q.device)
@@ -278,11 +312,14 @@ def chunk_gated_delta_rule_fwd(
         from .cp import run_cp
 
         o, ht = run_cp(cpp, initial_state if use_h0 else None,
-                       state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm),
+                       state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm, emit_ab),
                        lambda cu, init: run_fused(cu, cpp.num_pieces, init, True),
                        _combine_kernel if resolve_cp_combine() == "kernel" else None)
+    if emit_ab:
+        a0 = None
     if b != 1:  # packed [1, B*T, ...] back to [B, T, ...] (B = 1 is that shape already)
-        o, g_cumsum, a0 = o.view(b, t, h_v, HEAD_DIM), g_cumsum.view(b, t, h_v), a0.view(b, t, h_v, CHUNK)
+        o, g_cumsum = o.view(b, t, h_v, HEAD_DIM), g_cumsum.view(b, t, h_v)
+        a0 = a0.view(b, t, h_v, CHUNK) if a0 is not None else None
     return FwdOutput(o=o, final_state=ht if output_final_state else None, g_cumsum=g_cumsum, a0=a0)
 
 
@@ -315,14 +352,16 @@ CP_COMBINE_ENV = "QLA_CP_COMBINE"
 DEFAULT_CP_COMBINE = "kernel"
 
 
-def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int):
+def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, ab: bool = False):
     """CP's state pass on packed inputs (the warp-specialised kernel's state_pass build): piece cu_seqlens ->
-    [h | M] [P, H_v, K, 2V] fp32. Shared by the forward and the backward's stage 0 (bwd_api)."""
+    [h | M] [P, H_v, K, 2V] fp32. Shared by the forward and the backward's stage 0 (bwd_api). ab: a0 is
+    stage 1's emit_ab output (the rev 7 build runs)."""
     from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
     h_v = vf.shape[2]
     bv = choose_block_v_ws(2 * cpp.num_pieces, h_v, num_sms)
-    kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], False, False, bv, False, 5, True)
+    kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], False, False, bv, False,
+                                 7 if ab else 5, True)
 
     def state_pass(cu: torch.Tensor) -> torch.Tensor:
         hm = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, 2 * HEAD_DIM, dtype=torch.float32, device=qf.device)
@@ -437,6 +476,6 @@ def chunk_gated_delta_rule(
         return o, final_state if output_final_state else None
     out = chunk_gated_delta_rule_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        output_final_state=output_final_state,
+        output_final_state=output_final_state, need_a0=False,
     )
     return out.o, out.final_state

@@ -97,23 +97,25 @@ def test_combine_kernel_matches_the_host_walk():
         assert err < 1e-5, err  # 3xTF32 products: fp32 level
 
 
-@pytest.mark.parametrize("combine_impl", ["views", "kernel"])
+@pytest.mark.parametrize(("combine_impl", "impl"), [("views", "ws5"), ("kernel", "ws5"), ("kernel", "ws10")])
 @pytest.mark.parametrize("name", list(CASES))
-def test_cp_forward_matches_reference(name, combine_impl, monkeypatch):
+def test_cp_forward_matches_reference(name, combine_impl, impl, monkeypatch):
     monkeypatch.setenv("QLA_CP_COMBINE", combine_impl)
     q, k, v, g, beta, s0, cu, piece = _case(name)
     ref_o, ref_s = chunk_gated_delta_rule_ref(
         q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), initial_state=s0.cpu(), output_final_state=True,
         cu_seqlens=None if cu is None else cu.cpu(),
     )
-    out = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl="ws5", cp=True,
-                                     cp_piece=piece)
-    plain = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl="ws5", cp=False)
+    out = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl=impl, cp=True,
+                                     cp_piece=piece, need_a0=False)  # ws10: its state pass and walk (rev 7)
+    plain = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, fused_impl=impl, cp=False,
+                                       need_a0=False)
     torch.cuda.synchronize()
     eo, es = rel_l2(out.o, ref_o), rel_l2(out.final_state, ref_s)
     worst = max(rel_l2(out.o[:, :, h], ref_o[:, :, h]) for h in range(v.shape[2]))
     d_o = rel_l2(out.o, plain.o)
-    print(f"\n[cp {combine_impl}] {name}: o={eo:.2e} state={es:.2e} worst_head_o={worst:.2e} | vs plain o={d_o:.1e}")
+    print(f"\n[cp {combine_impl} {impl}] {name}: o={eo:.2e} state={es:.2e} worst_head_o={worst:.2e} "
+          f"| vs plain o={d_o:.1e}")
     assert eo <= TOL and es <= TOL, (eo, es)
     assert worst <= 2 * TOL, worst
     assert d_o < 5e-3

@@ -64,7 +64,8 @@ def test_kkt_solve_v3_compiles(dtype, precise, min_blocks):
 
 @pytest.mark.parametrize(
     ("rev", "block_v", "profile"),
-    [(4, 128, False), (5, 128, False), (5, 64, False), (5, 32, False), (5, 128, True), (6, 32, False)],
+    [(4, 128, False), (5, 128, False), (5, 64, False), (5, 32, False), (5, 128, True), (6, 32, False),
+     (7, 128, False), (7, 64, False), (7, 32, False), (7, 128, True)],
 )
 def test_fused_fwd_ws_compiles(rev, block_v, profile):
     from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
@@ -78,6 +79,8 @@ def test_fused_fwd_ws_compiles(rev, block_v, profile):
         assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     if profile:
         assert "clock64" in rep.source
+    if rev >= 7:
+        assert "wgmma_rs" in rep.source, "rev 7's chain GEMM takes -Wk as wgmma's register operand"
 
 
 @pytest.mark.parametrize(("use_h0", "overlap"), [(True, False), (False, False), (True, True)])
@@ -102,6 +105,21 @@ def test_kkt_solve_v3_hoisted_compiles():
     assert rep.registers <= 65536 // (128 * 6), rep.line()
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_kkt_solve_v4_emit_ab_compiles(dtype):
+    # ws10's stage 1: v4 writing [Gamma o A0 diag(beta) | A0 diag(beta)]; held to v4's budget (80 registers for
+    # six CTAs/SM, v4's 38.8 KiB of shared memory: the second staging tile must not cost occupancy)
+    from qla_kernels.gdn.api import KKT_IMPLS
+    from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program
+
+    flags = tuple(KKT_IMPLS["v4"][1]) + (False,) * (8 - len(KKT_IMPLS["v4"][1]))
+    rep = build_sm90a(kkt_solve_v3_program(128, dtype, *flags, True), PASS_CONFIGS)
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert rep.registers <= 65536 // (128 * 6), rep.line()
+    assert 0 < rep.dyn_smem_bytes <= 38.8 * 1024, rep.line()
+    assert "exp2" in rep.source, "Gamma should be applied in the kernel"
+
+
 @pytest.mark.parametrize("use_h0", [True, False])
 def test_cp_combine_kernel_compiles(use_h0):
     from qla_kernels.gdn.fwd.cp_combine import BLOCK_V, PASS_CONFIGS, cp_combine_program
@@ -112,11 +130,11 @@ def test_cp_combine_kernel_compiles(use_h0):
     assert "mma_sync" in rep.source  # the 3xTF32 products on tensor cores
 
 
-@pytest.mark.parametrize("block_v", [128, 64])
-def test_cp_state_pass_compiles(block_v):
+@pytest.mark.parametrize(("block_v", "rev"), [(128, 5), (64, 5), (128, 7), (32, 7)])
+def test_cp_state_pass_compiles(block_v, rev):
     from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
 
-    prog = fused_fwd_ws_program(128, 128, 128**-0.5, "bfloat16", False, False, block_v, False, 5, True)
+    prog = fused_fwd_ws_program(128, 128, 128**-0.5, "bfloat16", False, False, block_v, False, rev, True)
     rep = build_sm90a(prog, PASS_CONFIGS)
     assert rep.name.startswith("cp_state_pass"), rep.name
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()

@@ -76,9 +76,19 @@ PHASES_REV5 = (
 )
 
 
+# rev 7 (ws10): WG1 forms U and -D Wk before the state arrives, the chain is one GEMM; WG2 has no Ag pass
+PHASES_REV7 = (
+    PHASES[0],
+    ("wait full", "d, d_r", "gemm A0b K, -D Wk", "gemm Agb V", "wait s_ready", "gemm Wk S", "wait ag_ready",
+     "Vnew, Vd copies", "arrive vn_ready, empty"),
+    ("wait full", "gemm Q K^T", "Pg", "d, Pg -> p_sh", "wait s_ready", "gemm Q S", "O *= d", "wait vn_ready",
+     "gemm Pg Vnew", "O -> o_sh, TMA store"),
+)
+
+
 def phases(rev: int) -> tuple[tuple[str, ...], ...]:
     """Names of the profile build's phases per consumer warpgroup, for kernel revision rev."""
-    return PHASES_REV5 if rev >= 5 else PHASES
+    return PHASES_REV7 if rev >= 7 else PHASES_REV5 if rev >= 5 else PHASES
 
 
 NUM_PHASES = max(len(p) for p in PHASES)
@@ -125,18 +135,29 @@ def fused_fwd_ws_program(
     rev=6 is rev 5 with beta applied to W (in fp32, before W is rounded to the GEMM's dtype) instead of
     to Ag: Ag W = (Gamma o A0) (diag(beta) W). Rev 5 rounds Gamma o A0 o beta, so every token's beta carries
     one bf16 rounding error into the whole of its update; emulated at T = 1 (NOTES.md, session 6) that
-    is 1.19x FLA's final-state error, rev 6's 0.74x. Prepared, not yet run on a GPU.
+    is 1.19x FLA's final-state error, rev 6's 0.74x.
+
+    rev=7 (fused impl "ws10") takes stage 1's emit_ab output instead of A0: a0 [1, T, H_v, 128] holds
+    Agb = Gamma o A0 diag(beta) and A0b = A0 diag(beta). Since Vnew = Agb (V - D K S) = U - Wk S with
+    U = Agb V and Wk = D A0b K (Gamma o A0 diag(beta) D = D A0 diag(beta)), WG1 forms U and -Wk (bf16, a
+    register operand) while WG0 is still on the previous chunk, and the state chain per chunk is
+    s_sh -> Wk S -> Vnew, Vd copies -> K^T Vd: K S, the W pass and Ag W leave it (the profile build put
+    them at 2.2 K of the chain's ~4.7 K cycles at BV = 128). WG2 loses its Ag pass (no A0 to gate).
+    Rounding (rounding_study: one token 1.04x FLA's final-state error, emulated): Agb and A0b once from
+    fp32, -Wk once, U and Vnew stay fp32 until Vd. Works with state_pass (then the transition slices run
+    with U = 0).
 
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
     C = CHUNK
-    assert rev in (4, 5, 6)
+    assert rev in (4, 5, 6, 7)
     v5 = rev >= 5
-    beta_in_w = rev >= 6
+    beta_in_w = rev == 6
+    ab = rev >= 7
     assert dv % block_v == 0 and block_v in (32, 64, 128)
     assert not state_pass or (v5 and not beta_in_w and not profile and not state_v_first and dk == dv)
-    assert not store_states or (v5 and not profile and not state_pass and not state_v_first)
+    assert not store_states or (v5 and not ab and not profile and not state_pass and not state_v_first)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -146,6 +167,7 @@ def fused_fwd_ws_program(
     nh0 = T.dynamic("num_h0")
     nc = T.dynamic("num_chunks")
     acc = "float32"
+    a_width = 2 * C if ab else C  # [Agb | A0b] with rev 7, else A0
     st_shape = (ns, h_v, dv, dk) if state_v_first else (ns, h_v, dk, dv)
     h0_shape = (nh0, h_v, dv, dk) if state_v_first else (nh0, h_v, dk, dv)
 
@@ -207,7 +229,9 @@ def fused_fwd_ws_program(
             q_sh = T.alloc_shared((2, C, dk), dtype)
             k_sh = T.alloc_shared((2, C, dk), dtype)
             v_sh = T.alloc_shared((2, C, block_v), dtype)  # V, then W in place (WG1)
-            a_sh = T.alloc_shared((2, C, C), dtype)  # A0, then Ag in place (WG2)
+            a_sh = T.alloc_shared((2, C, C), dtype)  # A0, then Ag in place (WG2); Agb with rev 7
+            if ab:
+                ad_sh = T.alloc_shared((2, C, C), dtype)  # A0b (rev 7)
             g_sh = T.alloc_shared((2, C), acc)
             b_sh = T.alloc_shared((2, C), acc)
             # hand-off buffers
@@ -297,59 +321,43 @@ def fused_fwd_ws_program(
                         prof[bid, 0, i] = spent[i]
 
             elif tx < 2 * WG:
-                # ---- WG1: K S -> W -> Vnew -> Vd ----
-                T.set_max_nreg(NREG_DELTA, 1)
-                u = T.alloc_fragment((C, block_v), acc)  # K S, then Vnew (one accumulator: registers)
-                for c in T.serial(n_chunks):
-                    st = c % 2
-                    t0 = start + c * C
-                    if profile:
-                        clk[0] = T.call_extern("int64", "clock64")
-                    T.barrier_wait(full[st], (c // 2) % 2)
-                    tick(clk, spent, 0)
-                    for i in T.Parallel(C):
-                        d1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
-                        dr1_sh[st, i] = T.if_then_else(
-                            t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
-                        )
-                    T.sync_threads(1, WG)
-                    tick(clk, spent, 1)
-                    T.barrier_wait(s_ready, c % 2)
-                    tick(clk, spent, 2)
-                    T.gemm(k_sh[st, :, :], s_sh, u, clear_accum=True)
-                    tick(clk, spent, 3)
-                    if state_pass:  # the M slices run with V = 0
-                        for i, j in T.Parallel(C, block_v):
-                            u[i, j] = T.if_then_else(v0 < dv, T.cast(v_sh[st, i, j], acc), 0.0) - d1_sh[st, i] * u[i, j]
-                        T.copy(u, v_sh[st, :, :])
-                    elif beta_in_w:  # W' = diag(beta) W, rounded once
-                        for i, j in T.Parallel(C, block_v):
-                            u[i, j] = (T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]) * b_sh[st, i]
-                        T.copy(u, v_sh[st, :, :])
-                    elif v5:
-                        for i, j in T.Parallel(C, block_v):
-                            u[i, j] = T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]
-                        T.copy(u, v_sh[st, :, :])
-                    else:
-                        for i, j in T.Parallel(C, block_v):
-                            v_sh[st, i, j] = T.cast(T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j], dtype)
-                    T.fence_proxy_async()
-                    T.sync_threads(1, WG)
-                    tick(clk, spent, 4)
-                    T.barrier_wait(ag_ready, c % 2)
-                    tick(clk, spent, 5)
-                    T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
-                    tick(clk, spent, 6)
-                    if state_pass:  # nobody reads Vnew
-                        for i, j in T.Parallel(C, block_v):
-                            u[i, j] = u[i, j] * dr1_sh[st, i]
-                        T.copy(u, vd_sh)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(vd_ready)
-                        T.barrier_arrive(vn_ready)
-                        T.barrier_arrive(empty[st])
-                    elif v5:
-                        T.copy(u, vn_sh)
+                if ab:
+                    # ---- WG1, rev 7: -Wk and U ahead of the state, then Vnew = U - Wk S -> Vd ----
+                    T.set_max_nreg(NREG_DELTA, 1)
+                    wk = T.alloc_fragment((C, dk), acc)  # A0b K
+                    wkb = T.alloc_fragment((C, dk), dtype)  # -D A0b K: the register operand of the chain's GEMM
+                    u = T.alloc_fragment((C, block_v), acc)  # U, then Vnew
+                    for c in T.serial(n_chunks):
+                        st = c % 2
+                        t0 = start + c * C
+                        if profile:
+                            clk[0] = T.call_extern("int64", "clock64")
+                        T.barrier_wait(full[st], (c // 2) % 2)
+                        tick(clk, spent, 0)
+                        for i in T.Parallel(C):
+                            d1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
+                            dr1_sh[st, i] = T.if_then_else(
+                                t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
+                            )
+                        T.sync_threads(1, WG)
+                        tick(clk, spent, 1)
+                        T.gemm(ad_sh[st, :, :], k_sh[st, :, :], wk, clear_accum=True)
+                        for i, j in T.Parallel(C, dk):
+                            wkb[i, j] = T.cast(-d1_sh[st, i] * wk[i, j], dtype)
+                        tick(clk, spent, 2)
+                        T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
+                        if state_pass:  # the transition slices run with V = 0
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = T.if_then_else(v0 < dv, u[i, j], 0.0)
+                        tick(clk, spent, 3)
+                        T.barrier_wait(s_ready, c % 2)
+                        tick(clk, spent, 4)
+                        T.gemm(wkb, s_sh, u)
+                        tick(clk, spent, 5)
+                        T.barrier_wait(ag_ready, c % 2)  # WG2 has read vn_sh for chunk c - 1
+                        tick(clk, spent, 6)
+                        if not state_pass:  # nobody reads Vnew in the state pass
+                            T.copy(u, vn_sh)
                         for i, j in T.Parallel(C, block_v):
                             u[i, j] = u[i, j] * dr1_sh[st, i]
                         T.copy(u, vd_sh)
@@ -359,38 +367,108 @@ def fused_fwd_ws_program(
                         T.barrier_arrive(vn_ready)
                         T.barrier_arrive(empty[st])
                         tick(clk, spent, 8)
-                    else:
-                        for i, j in T.Parallel(C, block_v):
-                            vd_sh[i, j] = T.cast(u[i, j] * dr1_sh[st, i], dtype)
+                    if profile and tx == WG:
+                        for i in T.serial(NUM_PHASES):
+                            prof[bid, 1, i] = spent[i]
+                else:
+                    # ---- WG1: K S -> W -> Vnew -> Vd ----
+                    T.set_max_nreg(NREG_DELTA, 1)
+                    u = T.alloc_fragment((C, block_v), acc)  # K S, then Vnew (one accumulator: registers)
+                    for c in T.serial(n_chunks):
+                        st = c % 2
+                        t0 = start + c * C
+                        if profile:
+                            clk[0] = T.call_extern("int64", "clock64")
+                        T.barrier_wait(full[st], (c // 2) % 2)
+                        tick(clk, spent, 0)
+                        for i in T.Parallel(C):
+                            d1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
+                            dr1_sh[st, i] = T.if_then_else(
+                                t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
+                            )
+                        T.sync_threads(1, WG)
+                        tick(clk, spent, 1)
+                        T.barrier_wait(s_ready, c % 2)
+                        tick(clk, spent, 2)
+                        T.gemm(k_sh[st, :, :], s_sh, u, clear_accum=True)
+                        tick(clk, spent, 3)
+                        if state_pass:  # the M slices run with V = 0
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = (T.if_then_else(v0 < dv, T.cast(v_sh[st, i, j], acc), 0.0)
+                                           - d1_sh[st, i] * u[i, j])
+                            T.copy(u, v_sh[st, :, :])
+                        elif beta_in_w:  # W' = diag(beta) W, rounded once
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = (T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]) * b_sh[st, i]
+                            T.copy(u, v_sh[st, :, :])
+                        elif v5:
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j]
+                            T.copy(u, v_sh[st, :, :])
+                        else:
+                            for i, j in T.Parallel(C, block_v):
+                                v_sh[st, i, j] = T.cast(T.cast(v_sh[st, i, j], acc) - d1_sh[st, i] * u[i, j], dtype)
                         T.fence_proxy_async()
-                        T.barrier_arrive(vd_ready)
-                        tick(clk, spent, 7)
-                        T.copy(u, vn_sh)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(vn_ready)
-                        T.barrier_arrive(empty[st])
-                        tick(clk, spent, 8)
-                if profile and tx == WG:
-                    for i in T.serial(NUM_PHASES):
-                        prof[bid, 1, i] = spent[i]
+                        T.sync_threads(1, WG)
+                        tick(clk, spent, 4)
+                        T.barrier_wait(ag_ready, c % 2)
+                        tick(clk, spent, 5)
+                        T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
+                        tick(clk, spent, 6)
+                        if state_pass:  # nobody reads Vnew
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = u[i, j] * dr1_sh[st, i]
+                            T.copy(u, vd_sh)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(vd_ready)
+                            T.barrier_arrive(vn_ready)
+                            T.barrier_arrive(empty[st])
+                        elif v5:
+                            T.copy(u, vn_sh)
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = u[i, j] * dr1_sh[st, i]
+                            T.copy(u, vd_sh)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(vd_ready)
+                            tick(clk, spent, 7)
+                            T.barrier_arrive(vn_ready)
+                            T.barrier_arrive(empty[st])
+                            tick(clk, spent, 8)
+                        else:
+                            for i, j in T.Parallel(C, block_v):
+                                vd_sh[i, j] = T.cast(u[i, j] * dr1_sh[st, i], dtype)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(vd_ready)
+                            tick(clk, spent, 7)
+                            T.copy(u, vn_sh)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(vn_ready)
+                            T.barrier_arrive(empty[st])
+                            tick(clk, spent, 8)
+                    if profile and tx == WG:
+                        for i in T.serial(NUM_PHASES):
+                            prof[bid, 1, i] = spent[i]
 
             elif tx < 3 * WG:
                 # ---- WG2: P, Ag, O ----
                 T.set_max_nreg(NREG_OUT, 1)
                 p = T.alloc_fragment((C, C), acc)
-                gm = T.alloc_fragment((C, C), acc)
+                if not ab:  # rev 7 gates P in place and has no Ag to build
+                    gm = T.alloc_fragment((C, C), acc)
                 ob = T.alloc_fragment((C, block_v), acc)
                 if state_pass:
-                    # only Ag for WG1; the waits keep this warpgroup in step with the barrier phases
+                    # only Ag for WG1 (rev 7: nothing, stage 1 gated it); the waits keep this warpgroup in
+                    # step with the barrier phases
                     for c in T.serial(n_chunks):
                         st = c % 2
                         T.barrier_wait(full[st], (c // 2) % 2)
-                        for i, j in T.Parallel(C, C):
-                            gm[i, j] = T.if_then_else(
-                                i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0
-                            ) * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
-                        T.copy(gm, a_sh[st, :, :])
-                        T.fence_proxy_async()
+                        if not ab:
+                            for i, j in T.Parallel(C, C):
+                                gm[i, j] = T.if_then_else(
+                                    i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0
+                                ) * T.cast(a_sh[st, i, j], acc) * b_sh[st, j]
+                            T.copy(gm, a_sh[st, :, :])
+                            T.fence_proxy_async()
                         T.barrier_arrive(ag_ready)
                         T.barrier_wait(s_ready, c % 2)
                         T.barrier_arrive(qs_done)
@@ -406,9 +484,22 @@ def fused_fwd_ws_program(
                         tick(clk, spent, 0)
                         T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
                         tick(clk, spent, 1)
-                        for i, j in T.Parallel(C, C):
-                            gm[i, j] = T.if_then_else(i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0)
-                        if v5:
+                        if ab:  # Pg = scale Gamma o P; no A0 to gate (stage 1 did); ag_ready: vn_sh(c - 1) read
+                            for i, j in T.Parallel(C, C):
+                                p[i, j] = T.if_then_else(
+                                    i >= j, p[i, j] * T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E) * scale, 0.0
+                                )
+                            T.barrier_arrive(ag_ready)
+                            tick(clk, spent, 2)
+                            for i in T.Parallel(C):
+                                d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
+                            T.copy(p, p_sh)
+                        else:
+                            for i, j in T.Parallel(C, C):
+                                gm[i, j] = T.if_then_else(
+                                    i >= j, T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E), 0.0
+                                )
+                        if v5 and not ab:
                             for i, j in T.Parallel(C, C):
                                 p[i, j] = p[i, j] * gm[i, j] * scale
                             for i, j in T.Parallel(C, C):
@@ -423,7 +514,7 @@ def fused_fwd_ws_program(
                             for i in T.Parallel(C):
                                 d2_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * scale
                             T.copy(p, p_sh)
-                        else:
+                        elif not ab:
                             for i, j in T.Parallel(C, C):
                                 a_sh[st, i, j] = T.cast(T.cast(a_sh[st, i, j], acc) * gm[i, j] * b_sh[st, j], dtype)
                             T.fence_proxy_async()
@@ -488,6 +579,8 @@ def fused_fwd_ws_program(
                         else:
                             T.tma_copy(v[0, t0 : t0 + C, bh, v0 : v0 + block_v], v_sh[st, :, :], barrier=full[st])
                         T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
+                        if ab:
+                            T.tma_copy(a0[0, t0 : t0 + C, bh, C : 2 * C], ad_sh[st, :, :], barrier=full[st])
                         for i in T.Parallel(C):
                             g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                             b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
@@ -502,7 +595,7 @@ def fused_fwd_ws_program(
             v: T.Tensor((1, nt, h_v, dv), dtype),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
             beta: T.Tensor((1, nt, h_v), acc),
-            a0: T.Tensor((1, nt, h_v, C), dtype),
+            a0: T.Tensor((1, nt, h_v, a_width), dtype),
             cu_seqlens: T.Tensor((ns + 1,), "int32"),
             hm: T.Tensor((ns, h_v, dk, 2 * dv), acc),
         ):
@@ -519,7 +612,7 @@ def fused_fwd_ws_program(
             v: T.Tensor((1, nt, h_v, dv), dtype),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
             beta: T.Tensor((1, nt, h_v), acc),
-            a0: T.Tensor((1, nt, h_v, C), dtype),
+            a0: T.Tensor((1, nt, h_v, a_width), dtype),
             h0: T.Tensor(h0_shape, acc),
             cu_seqlens: T.Tensor((ns + 1,), "int32"),
             o: T.Tensor((1, nt, h_v, dv), dtype),
@@ -539,7 +632,7 @@ def fused_fwd_ws_program(
             v: T.Tensor((1, nt, h_v, dv), dtype),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
             beta: T.Tensor((1, nt, h_v), acc),
-            a0: T.Tensor((1, nt, h_v, C), dtype),
+            a0: T.Tensor((1, nt, h_v, a_width), dtype),
             h0: T.Tensor(h0_shape, acc),
             cu_seqlens: T.Tensor((ns + 1,), "int32"),
             o: T.Tensor((1, nt, h_v, dv), dtype),
@@ -558,7 +651,7 @@ def fused_fwd_ws_program(
         v: T.Tensor((1, nt, h_v, dv), dtype),
         g_cumsum: T.Tensor((1, nt, h_v), acc),
         beta: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, C), dtype),
+        a0: T.Tensor((1, nt, h_v, a_width), dtype),
         h0: T.Tensor(h0_shape, acc),
         cu_seqlens: T.Tensor((ns + 1,), "int32"),
         o: T.Tensor((1, nt, h_v, dv), dtype),
