@@ -26,10 +26,14 @@ class BuildReport:
     spill_loads: int
     dyn_smem_bytes: int
     source: str
+    # ptxas C7512: "wgmma.mma_async instructions are serialized due to insufficient register resources"
+    # (no spill is reported, but every wgmma waits for the previous one: session 12's first ws10 build)
+    wgmma_serialized: bool = False
 
     def line(self) -> str:
         return (f"{self.name}: {self.registers} regs, spills {self.spill_stores}/{self.spill_loads} B "
-                f"(st/ld), dyn smem {self.dyn_smem_bytes / 1024:.1f} KiB")
+                f"(st/ld), dyn smem {self.dyn_smem_bytes / 1024:.1f} KiB"
+                + (", wgmma SERIALIZED (ptxas C7512)" if self.wgmma_serialized else ""))
 
 
 def nvcc_available() -> str | None:
@@ -82,6 +86,7 @@ def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = T
         spill_loads=int(spill.group(2)) if spill else -1,
         dyn_smem_bytes=smem,
         source=src,
+        wgmma_serialized="C7512" in res.stderr,
     )
 
 

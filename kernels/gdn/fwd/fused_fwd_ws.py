@@ -44,6 +44,12 @@ NREG_STATE = 168
 NREG_DELTA = 152
 NREG_OUT = 160
 NREG_LOAD = 24
+# rev 7: WG1 holds U (64 fp32 per thread at BV = 128) and -Wk (64 bf16) across its wait for the state, WG2
+# no longer builds Gamma o A0 (one 64x64 fp32 fragment less); with rev 6's split ptxas serialised the
+# wgmma instructions (C7512, "insufficient register resources")
+# (and spilled at 160/152); 176/136 builds without either
+NREG_DELTA_REV7 = 176
+NREG_OUT_REV7 = 136
 
 # The CP state pass skips a piece's transition M (writes zeros) when the piece's summed log decay is at most
 # this: exp(-30) ~ 1e-13 of the incoming state, below fp32 resolution.
@@ -79,7 +85,7 @@ PHASES_REV5 = (
 # rev 7 (ws10): WG1 forms U and -D Wk before the state arrives, the chain is one GEMM; WG2 has no Ag pass
 PHASES_REV7 = (
     PHASES[0],
-    ("wait full", "d, d_r", "gemm A0b K, -D Wk", "gemm Agb V", "wait s_ready", "gemm Wk S", "wait ag_ready",
+    ("wait full", "d, d_r", "-Agb D, gemm Wk", "gemm Agb V", "wait s_ready", "gemm Wk S", "wait ag_ready",
      "Vnew, Vd copies", "arrive vn_ready, empty"),
     ("wait full", "gemm Q K^T", "Pg", "d, Pg -> p_sh", "wait s_ready", "gemm Q S", "O *= d", "wait vn_ready",
      "gemm Pg Vnew", "O -> o_sh, TMA store"),
@@ -137,15 +143,16 @@ def fused_fwd_ws_program(
     one bf16 rounding error into the whole of its update; emulated at T = 1 (NOTES.md, session 6) that
     is 1.19x FLA's final-state error, rev 6's 0.74x.
 
-    rev=7 (fused impl "ws10") takes stage 1's emit_ab output instead of A0: a0 [1, T, H_v, 128] holds
-    Agb = Gamma o A0 diag(beta) and A0b = A0 diag(beta). Since Vnew = Agb (V - D K S) = U - Wk S with
-    U = Agb V and Wk = D A0b K (Gamma o A0 diag(beta) D = D A0 diag(beta)), WG1 forms U and -Wk (bf16, a
-    register operand) while WG0 is still on the previous chunk, and the state chain per chunk is
-    s_sh -> Wk S -> Vnew, Vd copies -> K^T Vd: K S, the W pass and Ag W leave it (the profile build put
-    them at 2.2 K of the chain's ~4.7 K cycles at BV = 128). WG2 loses its Ag pass (no A0 to gate).
-    Rounding (rounding_study: one token 1.04x FLA's final-state error, emulated): Agb and A0b once from
-    fp32, -Wk once, U and Vnew stay fp32 until Vd. Works with state_pass (then the transition slices run
-    with U = 0).
+    rev=7 (fused impl "ws10") takes stage 1's emit_agb output instead of A0: Agb = Gamma o A0 diag(beta)
+    [1, T, H_v, 64]. Since Vnew = Agb (V - D K S) = U - Wk S with U = Agb V and Wk = (Agb D) K, WG1 forms U
+    and -Wk (bf16, a register operand) while WG0 is still on the previous chunk, and the state chain per
+    chunk is s_sh -> Wk S -> Vnew, Vd copies -> K^T Vd: K S, the W pass and Ag W leave it (the profile build
+    put them at 2.2 K of the chain's ~4.7 K cycles at BV = 128). -Agb D (columns scaled by -exp(g_j)) is
+    formed in registers as the A operand of Wk's GEMM. WG2 loses its Ag pass (no A0 to gate), and O leaves
+    through two o_sh stages (a chunk's TMA store may still be reading one while the next is written).
+    Rounding (rounding_study: one token ~1.04x FLA's final-state error, emulated): Agb once from fp32, Agb D
+    and -Wk once more each, U and Vnew stay fp32 until Vd. Works with state_pass (then the transition slices
+    run with U = 0).
 
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
@@ -159,6 +166,8 @@ def fused_fwd_ws_program(
     assert not state_pass or (v5 and not beta_in_w and not profile and not state_v_first and dk == dv)
     assert not store_states or (v5 and not ab and not profile and not state_pass and not state_v_first)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
+    assert NREG_STATE + NREG_DELTA_REV7 + NREG_OUT_REV7 + NREG_LOAD <= 512
+    nreg_delta, nreg_out = (NREG_DELTA_REV7, NREG_OUT_REV7) if rev >= 7 else (NREG_DELTA, NREG_OUT)
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
     nv = dv // block_v * (2 if state_pass else 1)  # V-slices per (sequence, head) in the grid
@@ -167,7 +176,6 @@ def fused_fwd_ws_program(
     nh0 = T.dynamic("num_h0")
     nc = T.dynamic("num_chunks")
     acc = "float32"
-    a_width = 2 * C if ab else C  # [Agb | A0b] with rev 7, else A0
     st_shape = (ns, h_v, dv, dk) if state_v_first else (ns, h_v, dk, dv)
     h0_shape = (nh0, h_v, dv, dk) if state_v_first else (nh0, h_v, dk, dv)
 
@@ -230,8 +238,6 @@ def fused_fwd_ws_program(
             k_sh = T.alloc_shared((2, C, dk), dtype)
             v_sh = T.alloc_shared((2, C, block_v), dtype)  # V, then W in place (WG1)
             a_sh = T.alloc_shared((2, C, C), dtype)  # A0, then Ag in place (WG2); Agb with rev 7
-            if ab:
-                ad_sh = T.alloc_shared((2, C, C), dtype)  # A0b (rev 7)
             g_sh = T.alloc_shared((2, C), acc)
             b_sh = T.alloc_shared((2, C), acc)
             # hand-off buffers
@@ -239,7 +245,9 @@ def fused_fwd_ws_program(
             vd_sh = T.alloc_shared((C, block_v), dtype)
             vn_sh = T.alloc_shared((C, block_v), dtype)
             p_sh = T.alloc_shared((C, C), dtype)
-            if v5:
+            if ab:  # two stages: chunk c's TMA store may still read one while chunk c + 1 fills the other
+                o_sh = T.alloc_shared((2, C, block_v), dtype)
+            elif v5:
                 o_sh = T.alloc_shared((C, block_v), dtype)
             # warpgroup-private gate exponentials
             # (per stage: a fast thread writing chunk c+1's values never races a slow one reading chunk c's)
@@ -323,9 +331,10 @@ def fused_fwd_ws_program(
             elif tx < 2 * WG:
                 if ab:
                     # ---- WG1, rev 7: -Wk and U ahead of the state, then Vnew = U - Wk S -> Vd ----
-                    T.set_max_nreg(NREG_DELTA, 1)
-                    wk = T.alloc_fragment((C, dk), acc)  # A0b K
-                    wkb = T.alloc_fragment((C, dk), dtype)  # -D A0b K: the register operand of the chain's GEMM
+                    T.set_max_nreg(nreg_delta, 1)
+                    agd = T.alloc_fragment((C, C), dtype)  # -Agb D = -D A0 diag(beta): Wk's GEMM's register operand
+                    wk = T.alloc_fragment((C, dk), acc)  # -Wk = -Agb D K
+                    wkb = T.alloc_fragment((C, dk), dtype)  # -Wk in bf16: the register operand of the chain's GEMM
                     u = T.alloc_fragment((C, block_v), acc)  # U, then Vnew
                     for c in T.serial(n_chunks):
                         st = c % 2
@@ -341,9 +350,11 @@ def fused_fwd_ws_program(
                             )
                         T.sync_threads(1, WG)
                         tick(clk, spent, 1)
-                        T.gemm(ad_sh[st, :, :], k_sh[st, :, :], wk, clear_accum=True)
-                        for i, j in T.Parallel(C, dk):
-                            wkb[i, j] = T.cast(-d1_sh[st, i] * wk[i, j], dtype)
+                        T.copy(a_sh[st, :, :], agd)
+                        for i, j in T.Parallel(C, C):
+                            agd[i, j] = T.cast(-T.cast(agd[i, j], acc) * d1_sh[st, j], dtype)
+                        T.gemm(agd, k_sh[st, :, :], wk, clear_accum=True)
+                        T.copy(wk, wkb)
                         tick(clk, spent, 2)
                         T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
                         if state_pass:  # the transition slices run with V = 0
@@ -372,7 +383,7 @@ def fused_fwd_ws_program(
                             prof[bid, 1, i] = spent[i]
                 else:
                     # ---- WG1: K S -> W -> Vnew -> Vd ----
-                    T.set_max_nreg(NREG_DELTA, 1)
+                    T.set_max_nreg(nreg_delta, 1)
                     u = T.alloc_fragment((C, block_v), acc)  # K S, then Vnew (one accumulator: registers)
                     for c in T.serial(n_chunks):
                         st = c % 2
@@ -451,7 +462,7 @@ def fused_fwd_ws_program(
 
             elif tx < 3 * WG:
                 # ---- WG2: P, Ag, O ----
-                T.set_max_nreg(NREG_OUT, 1)
+                T.set_max_nreg(nreg_out, 1)
                 p = T.alloc_fragment((C, C), acc)
                 if not ab:  # rev 7 gates P in place and has no Ag to build
                     gm = T.alloc_fragment((C, C), acc)
@@ -540,7 +551,19 @@ def fused_fwd_ws_program(
                         T.gemm(p_sh, vn_sh, ob)
                         T.barrier_arrive(empty[st])
                         tick(clk, spent, 8)
-                        if v5 and t0 + C <= end:
+                        if ab:
+                            if t0 + C <= end:
+                                T.tma_store_wait(1)  # the store of chunk c - 2 (the same stage) has read o_sh[st]
+                                T.sync_threads(2, WG)
+                                T.copy(ob, o_sh[st, :, :])
+                                T.fence_proxy_async()
+                                T.sync_threads(2, WG)
+                                T.tma_copy(o_sh[st, :, :], o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
+                            else:
+                                for i, j in T.Parallel(C, block_v):
+                                    if t0 + i < end:
+                                        o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
+                        elif v5 and t0 + C <= end:
                             T.tma_store_wait()  # the previous chunk's TMA store has read o_sh
                             T.sync_threads(2, WG)
                             T.copy(ob, o_sh)
@@ -579,8 +602,6 @@ def fused_fwd_ws_program(
                         else:
                             T.tma_copy(v[0, t0 : t0 + C, bh, v0 : v0 + block_v], v_sh[st, :, :], barrier=full[st])
                         T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
-                        if ab:
-                            T.tma_copy(a0[0, t0 : t0 + C, bh, C : 2 * C], ad_sh[st, :, :], barrier=full[st])
                         for i in T.Parallel(C):
                             g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                             b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
@@ -595,7 +616,7 @@ def fused_fwd_ws_program(
             v: T.Tensor((1, nt, h_v, dv), dtype),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
             beta: T.Tensor((1, nt, h_v), acc),
-            a0: T.Tensor((1, nt, h_v, a_width), dtype),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
             cu_seqlens: T.Tensor((ns + 1,), "int32"),
             hm: T.Tensor((ns, h_v, dk, 2 * dv), acc),
         ):
@@ -612,7 +633,7 @@ def fused_fwd_ws_program(
             v: T.Tensor((1, nt, h_v, dv), dtype),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
             beta: T.Tensor((1, nt, h_v), acc),
-            a0: T.Tensor((1, nt, h_v, a_width), dtype),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
             h0: T.Tensor(h0_shape, acc),
             cu_seqlens: T.Tensor((ns + 1,), "int32"),
             o: T.Tensor((1, nt, h_v, dv), dtype),
@@ -632,7 +653,7 @@ def fused_fwd_ws_program(
             v: T.Tensor((1, nt, h_v, dv), dtype),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
             beta: T.Tensor((1, nt, h_v), acc),
-            a0: T.Tensor((1, nt, h_v, a_width), dtype),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
             h0: T.Tensor(h0_shape, acc),
             cu_seqlens: T.Tensor((ns + 1,), "int32"),
             o: T.Tensor((1, nt, h_v, dv), dtype),
@@ -651,7 +672,7 @@ def fused_fwd_ws_program(
         v: T.Tensor((1, nt, h_v, dv), dtype),
         g_cumsum: T.Tensor((1, nt, h_v), acc),
         beta: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, a_width), dtype),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
         h0: T.Tensor(h0_shape, acc),
         cu_seqlens: T.Tensor((ns + 1,), "int32"),
         o: T.Tensor((1, nt, h_v, dv), dtype),

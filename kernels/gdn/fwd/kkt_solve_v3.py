@@ -77,7 +77,7 @@ def kkt_solve_v3_program(
     lean_scatter: bool = False,
     tma_k: bool = False,
     fold_l00: bool = False,
-    emit_ab: bool = False,
+    emit_agb: bool = False,
 ):
     """TileLang program with kkt_solve_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values.
@@ -115,11 +115,11 @@ def kkt_solve_v3_program(
     shared memory, so six CTAs fit an SM instead of five (v4 ran 3.6 CTAs in flight per SM on the H200).
     Measured there (session 7): v4's time and v4's CTAs in flight, so shared memory was not the limit.
 
-    emit_ab=True writes, instead of A0, the two matrices the ws10 forward (fused_fwd_ws rev 7) multiplies
-    by: a0 [1, T, H_v, 128] holds Agb = Gamma o A0 diag(beta) in columns 0..63 (the gated inverse with beta,
-    FLA's A diag(beta)) and A0b = A0 diag(beta) in columns 64..127, each rounded once from the fp32 A0
-    (Gamma_ij = exp(g_i - g_j) for i >= j, 0 above; beta is 0 past the sequence end, so those columns are 0).
-    No backward reads them: the autograd forward keeps A0.
+    emit_agb=True writes Agb = Gamma o A0 diag(beta) (the gated inverse with beta, FLA's A diag(beta)) in A0's
+    place, rounded once from the fp32 A0 (Gamma_ij = exp(g_i - g_j) for i >= j, 0 above; beta is 0 past the
+    sequence end, so those columns are 0): the ws10 forward (fused_fwd_ws rev 7) multiplies by it. No
+    backward reads it: the autograd forward keeps A0. (Session 12 first wrote A0 diag(beta) beside it as
+    well; the second 64x64 tile per chunk-head cost what the shorter chain saved, NOTES.md.)
 
     (Session 8 also had several items per CTA, to ask whether v4 is bound by how fast its CTAs start and
     finish: on the H200 those builds hung. The parser turns the items' Python loop into a device loop,
@@ -136,7 +136,6 @@ def kkt_solve_v3_program(
     ns = T.dynamic("num_seqs_p1")
     nc = T.dynamic("num_chunks")
     acc = "float32"
-    a_width = 2 * C if emit_ab else C
 
     @T.macro
     def split_store(x, dst_hi, dst_lo, r, c):
@@ -212,21 +211,16 @@ def kkt_solve_v3_program(
         return T.if_then_else(i >= j, T.exp2((gc_sh[i] - gc_sh[j]) * LOG2E), 0.0)
 
     @T.macro
-    def assemble_ab(u2, x11_hi, x11_lo, x22_hi, x22_lo, b_sh, gc_sh, agb, a0b):
-        """agb = Gamma o A0 diag(beta), a0b = A0 diag(beta), each rounded once from fp32."""
+    def assemble_agb(u2, x11_hi, x11_lo, x22_hi, x22_lo, b_sh, gc_sh, agb):
+        """agb = Gamma o A0 diag(beta), rounded once from fp32."""
         for r, c in T.Parallel(HALF, HALF):
-            x = -u2[r, c] * b_sh[c]
-            agb[HALF + r, c] = T.cast(x * T.exp2((gc_sh[HALF + r] - gc_sh[c]) * LOG2E), dtype)
-            a0b[HALF + r, c] = T.cast(x, dtype)
+            agb[HALF + r, c] = T.cast(-u2[r, c] * b_sh[c] * T.exp2((gc_sh[HALF + r] - gc_sh[c]) * LOG2E), dtype)
         for r, c in T.Parallel(HALF, HALF):
             x = (x11_hi[r, c] + x11_lo[r, c] if precise else x11_hi[r, c]) * b_sh[c]
             agb[r, c] = T.cast(x * gate(gc_sh, r, c), dtype)
-            a0b[r, c] = T.cast(x, dtype)
             y = (x22_hi[r, c] + x22_lo[r, c] if precise else x22_hi[r, c]) * b_sh[HALF + c]
             agb[HALF + r, HALF + c] = T.cast(y * gate(gc_sh, HALF + r, HALF + c), dtype)
-            a0b[HALF + r, HALF + c] = T.cast(y, dtype)
             agb[r, HALF + c] = T.cast(0.0, dtype)
-            a0b[r, HALF + c] = T.cast(0.0, dtype)
 
     # One (chunk, value head) item, w = chunk * h_v + head, with its own buffers.
     @T.macro
@@ -273,8 +267,6 @@ def kkt_solve_v3_program(
         t2 = alloc_acc((HALF, HALF), acc)
         u2 = alloc_acc((HALF, HALF), acc)
         a_out = alloc_sh((C, C), dtype)
-        if emit_ab:
-            ab_out = alloc_sh((C, C), dtype)  # A0 diag(beta); a_out holds Gamma o A0 diag(beta)
         if precise:
             a1_lo = alloc_sh((HALF, HALF), acc)
             b1_lo = alloc_sh((HALF, BLK), acc)
@@ -431,22 +423,13 @@ def kkt_solve_v3_program(
 
         stamp(prof, w, 12)
         # assemble A0 = [X11 0; X21 X22] (hi + lo is the exact fp32 value)
-        if emit_ab:
-            assemble_ab(u2, x11_hi, x11_lo, x22_hi, x22_lo, b_sh, gc_sh, a_out, ab_out)
+        if emit_agb:
+            assemble_agb(u2, x11_hi, x11_lo, x22_hi, x22_lo, b_sh, gc_sh, a_out)
         else:
             assemble_a0(u2, x11_hi, x11_lo, x22_hi, x22_lo, a_out)
 
         stamp(prof, w, 13)
-        if emit_ab:
-            if start + C <= end:
-                T.copy(a_out, a0[0, start : start + C, bh, 0:C])
-                T.copy(ab_out, a0[0, start : start + C, bh, C : 2 * C])
-            else:
-                for i, j in T.Parallel(C, C):
-                    if start + i < end:
-                        a0[0, start + i, bh, j] = a_out[i, j]
-                        a0[0, start + i, bh, C + j] = ab_out[i, j]
-        elif start + C <= end:
+        if start + C <= end:
             T.copy(a_out, a0[0, start : start + C, bh, 0:C])
         else:
             for i, j in T.Parallel(C, C):
@@ -474,7 +457,7 @@ def kkt_solve_v3_program(
             cu_seqlens: T.Tensor((ns,), "int32"),
             chunk_indices: T.Tensor((nc, 2), "int32"),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
-            a0: T.Tensor((1, nt, h_v, a_width), dtype),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
             prof: T.Tensor((nc * h_v, len(PROFILE_STAMPS)), "int64"),
         ):
             body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, prof)
@@ -489,7 +472,7 @@ def kkt_solve_v3_program(
         cu_seqlens: T.Tensor((ns,), "int32"),
         chunk_indices: T.Tensor((nc, 2), "int32"),
         g_cumsum: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, a_width), dtype),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
     ):
         body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, a0, None)
 
