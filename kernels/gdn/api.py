@@ -74,18 +74,18 @@ AGB_KKT_IMPLS = ("v3s", "v4", "v5")
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
 
-# fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups,
-# state chain and output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found
-# by the profile build; fastest on every config measured on the H200); "ws6" ws5 with beta applied to W
-# before its rounding instead of to Ag (on the H200: ws5's speed, and an error at or below FLA's on every
-# edge case, where ws5's one-token final state was 1.14-1.25x FLA's); "auto" (plan.choose_fused) runs
-# ws6 with the V-slice width for the config; "ws7" keeps the state transposed in one warpgroup's registers
-# so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7 with the
-# chain's first GEMMs asynchronous under its state publish and decay; "ws9" is ws8 with a leaner prep
-# warpgroup (Kb's gate factor per row, no negation pass); "ws10" is rev 7 of the warp-specialised kernel:
-# stage 1 hands it Gamma o A0 diag(beta) (kkt_solve_v3's emit_agb) instead of A0, so the state chain is one
-# GEMM, Vnew = U - Wk S, with U and Wk formed ahead of the state. It has no A0 for a
-# backward: the autograd forward (need_a0=True) runs ws6 in its place.
+# fused (stage 2) implementations: "v2" every warp does every step (fused_fwd.py); "ws" four warpgroups, state chain and
+# output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found by the profile build; fastest on
+# every config measured on the H200); "ws6" ws5 with beta applied to W before its rounding instead of to Ag (on the
+# H200: ws5's speed, and an error at or below FLA's on every edge case, where ws5's one-token final state was 1.14-1.25x
+# FLA's); "auto" (plan.choose_fused) runs ws10 (below; ws6 where a backward follows) with the V-slice width for the
+# config; "ws7" keeps the state transposed in one warpgroup's registers so the whole state chain runs there
+# (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7 with the chain's first GEMMs asynchronous under its state
+# publish and decay; "ws9" is ws8 with a leaner prep warpgroup (Kb's gate factor per row, no negation pass); "ws10" is
+# rev 7 of the warp-specialised kernel: stage 1 hands it Gamma o A0 diag(beta) (kkt_solve_v3's emit_agb) instead of A0,
+# so the state chain is one GEMM, Vnew = U - Wk S, with U and Wk formed ahead of the state (on the H200, session 12:
+# 1.05x ws6's speed over qwen35-fwd, faster on 166 of 171 configs, o and state errors below ws6's and v2's). It has no
+# A0 for a backward: the autograd forward (need_a0=True) runs ws6 in its place.
 FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "auto")
 # fused implementations that take stage 1's emit_agb output instead of A0
 AGB_IMPLS = ("ws10",)
