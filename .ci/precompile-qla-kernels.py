@@ -41,9 +41,9 @@ def variants() -> list[tuple[str, str, tuple]]:
         args = list(KKT_IMPLS[impl][1]) + [False] * (8 - len(KKT_IMPLS[impl][1]))
         args[4] = True
         out.append((f"kkt {impl} profile bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *args)))
-    for dt in ("bfloat16", "float16"):  # stage 1 for ws10 (api._kkt_kernel with emit_ag)
+    for dt in ("bfloat16", "float16"):  # stage 1 for ws10 (api._kkt_kernel with emit_agb)
         flags = tuple(KKT_IMPLS["v4"][1]) + (False,) * (8 - len(KKT_IMPLS["v4"][1]))
-        out.append((f"kkt v4 ag {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *flags, True)))
+        out.append((f"kkt v4 agb {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *flags, True)))
     for rev in (4, 5, 6, 7):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):

@@ -69,8 +69,8 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v9": ("v9", ()),
     "v9b": ("v9", (True,)),  # v9 with a register-held g cumsum and X11 stored transposed (vector loads)
 }
-# the stage-1 implementations that can write emit_ag's output (the v3 family with the lean scatter of L)
-AG_KKT_IMPLS = ("v3s", "v4", "v5")
+# the stage-1 implementations that can write emit_agb's output (the v3 family with the lean scatter of L)
+AGB_KKT_IMPLS = ("v3s", "v4", "v5")
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
 
@@ -78,18 +78,19 @@ DEFAULT_KKT_IMPL = "v4"
 # output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found by the profile build; fastest on
 # every config measured on the H200); "ws6" ws5 with beta applied to W before its rounding instead of to Ag (on the
 # H200: ws5's speed, and an error at or below FLA's on every edge case, where ws5's one-token final state was 1.14-1.25x
-# FLA's); "auto" (plan.choose_fused) runs ws10 (below; ws6 where a backward follows) with the V-slice width for the
-# config; "ws7" keeps the state transposed in one warpgroup's registers so the whole state chain runs there
-# (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7 with the chain's first GEMMs asynchronous under its state
-# publish and decay; "ws9" is ws8 with a leaner prep warpgroup (Kb's gate factor per row, no negation pass); "ws10" is
-# rev 7 of the warp-specialised kernel: stage 1 hands it Gamma o A0 (kkt_solve_v3's emit_ag) instead of A0,
-# so the state chain is one GEMM, Vnew = U - Wk S, with U and Wk formed ahead of the state (on the H200, session 12:
-# 1.05x ws6's speed over qwen35-fwd, faster on 166 of 171 configs, o and state errors below ws6's and v2's). It has no
-# A0 for a backward: the autograd forward (need_a0=True) runs ws6 in its place.
+# FLA's); "auto" (plan.choose_fused) runs ws6 with the V-slice width for the config; "ws7" keeps the state transposed in
+# one warpgroup's registers so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7
+# with the chain's first GEMMs asynchronous under its state publish and decay; "ws9" is ws8 with a leaner prep warpgroup
+# (Kb's gate factor per row, no negation pass); "ws10" is rev 7 of the warp-specialised kernel: stage 1 hands it Gamma o
+# A0 diag(beta) (kkt_solve_v3's emit_agb) instead of A0, so the state chain is one GEMM, Vnew = U - Wk S, with U and Wk
+# formed ahead of the state (on the H200, session 12: 1.04-1.05x ws6's speed over qwen35-fwd, faster on 161-166 of 171
+# configs; errors at FLA's level, not below: its one-token final state was 1.16x FLA's on one edge config, over issue
+# 4's 1.1x bound, so auto keeps ws6). It has no A0 for a backward: the autograd forward (need_a0=True) runs ws6 in its
+# place.
 FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "auto")
-# fused implementations that take stage 1's emit_ag output instead of A0
-AG_IMPLS = ("ws10",)
-# what runs instead of an AG_IMPLS kernel when the caller needs A0 (the autograd forward)
+# fused implementations that take stage 1's emit_agb output instead of A0
+AGB_IMPLS = ("ws10",)
+# what runs instead of an AGB_IMPLS kernel when the caller needs A0 (the autograd forward)
 A0_FALLBACK_IMPL = "ws6"
 TRANSPOSED_STATE_IMPLS = ("ws7", "ws8", "ws9")
 FUSED_IMPL_ENV = "QLA_FUSED_IMPL"
@@ -154,19 +155,19 @@ def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first:
     return launcher(fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v))
 
 
-# kkt_solve_v3_program's positional flags up to fold_l00; emit_ag follows them
+# kkt_solve_v3_program's positional flags up to fold_l00; emit_agb follows them
 _V3_FLAGS = 8
 
 
 @functools.cache
-def _kkt_kernel(impl: str, dt: str, emit_ag: bool = False):
-    """The launcher of a kkt_solve kernel, memoised. emit_ag (v3 family with the lean scatter only: v3s,
-    v4, v5) writes Gamma o A0 instead of A0, for the AG_IMPLS fused kernels."""
+def _kkt_kernel(impl: str, dt: str, emit_agb: bool = False):
+    """The launcher of a kkt_solve kernel, memoised. emit_agb (v3 family with the lean scatter only: v3s,
+    v4, v5) writes Gamma o A0 diag(beta) instead of A0, for the AGB_IMPLS fused kernels."""
     version, extra = KKT_IMPLS[impl]
-    if emit_ag:
+    if emit_agb:
         if version != "v3" or len(extra) < 6 or not extra[5]:
-            raise ValueError(f"kkt_impl must be one of {list(AG_KKT_IMPLS)} with an emit_ag fused kernel "
-                             f"({list(AG_IMPLS)}), got {impl!r}")
+            raise ValueError(f"kkt_impl must be one of {list(AGB_KKT_IMPLS)} with an emit_agb fused kernel "
+                             f"({list(AGB_IMPLS)}), got {impl!r}")
         from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel
 
         flags = tuple(extra) + (False,) * (_V3_FLAGS - len(extra))
@@ -193,18 +194,18 @@ def _kkt_kernel(impl: str, dt: str, emit_ag: bool = False):
 
 
 def _launch_kkt(impl: str, kf: torch.Tensor, gf: torch.Tensor, bf: torch.Tensor, plan: ChunkPlan,
-                emit_ag: bool = False):
+                emit_agb: bool = False):
     """Stage 1 on packed [1, B*T, ...] tensors: (g_cumsum fp32 chunk-local, A0 in k's dtype), or with
-    emit_ag (g_cumsum, Gamma o A0 in A0's place and layout)."""
+    emit_agb (g_cumsum, Gamma o A0 diag(beta) in A0's place and layout)."""
     g_cumsum = torch.empty_like(gf)
     a0 = torch.empty(*gf.shape, CHUNK, dtype=kf.dtype, device=kf.device)
-    _kkt_kernel(impl, _TL_DTYPE[kf.dtype], emit_ag)(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0)
+    _kkt_kernel(impl, _TL_DTYPE[kf.dtype], emit_agb)(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0)
     return g_cumsum, a0
 
 
 class FwdOutput(NamedTuple):
     """o [B,T,H_v,V] (v's dtype); final_state [N,H_v,K,V] fp32 or None; g_cumsum [B,T,H_v] fp32
-    (chunk-local); a0 [B,T,H_v,64] (q's dtype), the gate-free WY inverse, or None when an AG_IMPLS kernel
+    (chunk-local); a0 [B,T,H_v,64] (q's dtype), the gate-free WY inverse, or None when an AGB_IMPLS kernel
     ran (need_a0=False). The last two are what a backward needs."""
 
     o: torch.Tensor
@@ -248,7 +249,7 @@ def chunk_gated_delta_rule_fwd(
 ) -> FwdOutput:
     """GDN chunked-prefill forward (FLA layout). Returns FwdOutput(o, final_state, g_cumsum, a0).
 
-    need_a0=False (inference: nothing will run a backward) lets the fused kernel be an AG_IMPLS one, which
+    need_a0=False (inference: nothing will run a backward) lets the fused kernel be an AGB_IMPLS one, which
     never forms A0 (FwdOutput.a0 is then None); with need_a0=True such an impl is replaced by
     A0_FALLBACK_IMPL.
 
@@ -282,10 +283,10 @@ def chunk_gated_delta_rule_fwd(
 
     # the kernel that will run (auto's width is planned per launch; its kernel does not depend on the shape)
     fimpl_name = choose_fused(1, h_v, 132)[0] if fimpl == "auto" else fimpl
-    if fimpl_name in AG_IMPLS and need_a0:
+    if fimpl_name in AGB_IMPLS and need_a0:
         fimpl = fimpl_name = A0_FALLBACK_IMPL
-    emit_ag = fimpl_name in AG_IMPLS
-    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan, emit_ag)
+    emit_agb = fimpl_name in AGB_IMPLS
+    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan, emit_agb)
 
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else _dummy_state(h_v, q.device)
@@ -312,10 +313,10 @@ def chunk_gated_delta_rule_fwd(
         from .cp import run_cp
 
         o, ht = run_cp(cpp, initial_state if use_h0 else None,
-                       state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm, emit_ag),
+                       state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm, emit_agb),
                        lambda cu, init: run_fused(cu, cpp.num_pieces, init, True),
                        _combine_kernel if resolve_cp_combine() == "kernel" else None)
-    if emit_ag:
+    if emit_agb:
         a0 = None
     if b != 1:  # packed [1, B*T, ...] back to [B, T, ...] (B = 1 is that shape already)
         o, g_cumsum = o.view(b, t, h_v, HEAD_DIM), g_cumsum.view(b, t, h_v)
@@ -355,7 +356,7 @@ DEFAULT_CP_COMBINE = "kernel"
 def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, ab: bool = False):
     """CP's state pass on packed inputs (the warp-specialised kernel's state_pass build): piece cu_seqlens ->
     [h | M] [P, H_v, K, 2V] fp32. Shared by the forward and the backward's stage 0 (bwd_api). ab: a0 is
-    stage 1's emit_ag output (the rev 7 build runs)."""
+    stage 1's emit_agb output (the rev 7 build runs)."""
     from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
     h_v = vf.shape[2]

@@ -128,16 +128,16 @@ def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
 # fused_fwd_ws7.py keeps S^T [BV, K] as a wgmma accumulator of one warpgroup, whose M is 64
 WS7_BLOCK_V = 64
 
-WS_IMPL = "ws10"
+WS_IMPL = "ws6"
 
 
 def choose_fused(num_seqs: int, h_v: int, num_sms: int = 132) -> tuple[str, int]:
     """(fused kernel, V-slice width) for `auto`. On the H200 the rev-5 warp-specialised kernel was the
     fastest of v2, ws (rev 4) and ws5 on all eight measured configs (NOTES.md, v5: 1.1-2.0x over the
     previous choice); rev 6 (ws6) is rev 5 with beta applied to W before its bf16 rounding, the same speed
-    on those configs and a smaller error (NOTES.md, session 7). ws10 (rev 7: stage 1 hands over Gamma o A0, the state
-    chain is one GEMM) was faster than ws6 at each of the three widths on all eight
-    timed configs and 1.05x ws6's speed over qwen35-fwd (166 of 171 configs faster; NOTES.md, session 12),
-    with the same best width per config, so `auto` runs ws10 and only picks its slice width. ws10 forms no
-    A0: a forward that a backward will follow (api's need_a0) runs api.A0_FALLBACK_IMPL (ws6) instead."""
+    on those configs and a smaller error (NOTES.md, session 7), so `auto` runs ws6 and only picks its slice
+    width. ws10 (rev 7: stage 1 hands over Gamma o A0 diag(beta), the state chain is one GEMM) is 1.04-1.05x
+    ws6's speed over qwen35-fwd on the H200 with the same best widths, but its one-token final state was 1.16x
+    FLA's error on one edge config (issue 4 bounds it at 1.1x), so it is not auto's kernel (NOTES.md,
+    session 12)."""
     return WS_IMPL, choose_block_v_ws(num_seqs, h_v, num_sms)

@@ -34,13 +34,13 @@ def median_event_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(out)
 
 
-def _fused_args(q, k, v, g, beta, initial_state, cu_seqlens, emit_ag: bool = False):
+def _fused_args(q, k, v, g, beta, initial_state, cu_seqlens, emit_agb: bool = False):
     """(h_v, plan, use_h0, the fused kernels' arguments up to ht) after running stage 1 (the default kkt;
-    emit_ag: its output for the rev 7 kernel)."""
+    emit_agb: its output for the rev 7 kernel)."""
     h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
     plan = _plan(q, cu_seqlens)
     qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
-    g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None), kf, gf, bf, plan, emit_ag)
+    g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None), kf, gf, bf, plan, emit_agb)
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else torch.zeros(1, h_v, HEAD_DIM, HEAD_DIM, device=q.device)
     o = torch.empty_like(vf)

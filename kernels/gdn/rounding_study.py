@@ -7,9 +7,10 @@ inputs and prints each one's mean relative L2 error:
 - ws5 (rev 5): W = bf(v - e^g k bf(S)), Ag = bf(beta) (Gamma o A0 o beta at T = 1), Vd = bf(Ag W);
 - ws6 (rev 6): beta applied to W before it is rounded, W' = bf(beta (v - e^g k bf(S))), Vd = bf(W');
 - FLA: u = bf(beta v), w = bf(beta e^g k), Vd = bf(u - w bf(S));
-- ws10 (rev 7, session 12): stage 1 hands over Gamma o A0 (1 at T = 1) and beta is applied in fp32: U = beta v
-  exactly (its operand split hi + lo), Wk = bf(bf(beta e^g) k), Vd = bf(U - Wk bf(S));
-- ws10-agb: rev 7's first form, beta rounded into stage 1's matrix: U = bf(beta) v, Wk = bf(bf(bf(beta) e^g) k).
+- ws10 (rev 7, session 12): beta rounded into stage 1's Gamma o A0 diag(beta): U = bf(beta) v,
+  Wk = bf(bf(bf(beta) e^g) k), Vd = bf(U - Wk bf(S));
+- ws10-exact-u: rev 7 with stage 1's Gamma o A0 (1 at T = 1) and beta applied in fp32, U = beta v exactly (its
+  operand split hi + lo), Wk = bf(bf(beta e^g) k) (built and measured in session 12, commit 91ac1a6: 1.27x slower).
 Rounding beta on its own puts one relative error into a token's whole update, which no sum averages out.
 
     python -m qla_kernels.gdn.rounding_study [TRIALS]
@@ -52,9 +53,10 @@ def one_token_errors(seed: int, h_v: int = 8) -> dict[str, float]:
         "ws5": update(_bf(_bf(beta)[:, None] * w)),
         "ws6": update(_bf(_bf(beta[:, None] * (v - eg[:, None] * ks)))),
         "fla": update(_bf(_bf(beta[:, None] * v) - torch.einsum("hk,hkv->hv", _bf((beta * eg)[:, None] * k), _bf(s)))),
-        "ws10": update(_bf(beta[:, None] * v - torch.einsum("hk,hkv->hv", _bf(_bf(beta * eg)[:, None] * k), _bf(s)))),
-        "ws10-agb": update(_bf(_bf(beta)[:, None] * v
-                               - torch.einsum("hk,hkv->hv", _bf(_bf(_bf(beta) * eg)[:, None] * k), _bf(s)))),
+        "ws10": update(_bf(_bf(beta)[:, None] * v
+                           - torch.einsum("hk,hkv->hv", _bf(_bf(_bf(beta) * eg)[:, None] * k), _bf(s)))),
+        "ws10-exact-u": update(_bf(beta[:, None] * v
+                                   - torch.einsum("hk,hkv->hv", _bf(_bf(beta * eg)[:, None] * k), _bf(s)))),
     }
     return {name: ((x - exact).norm() / exact.norm()).item() for name, x in variants.items()}
 

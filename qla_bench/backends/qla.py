@@ -110,7 +110,7 @@ class QlaBackend(Backend):
             return flags
         fused = api.resolve_fused_impl()
         flags["qla_fused"] = f"auto ({plan.WS_IMPL}, V-slice by config)" if fused == "auto" else fused
-        if fused in ("auto", *api.AG_IMPLS):  # bwd and train keep A0 for the backward: that forward is ws6's
+        if (plan.WS_IMPL if fused == "auto" else fused) in api.AGB_IMPLS:  # no A0: bwd and train run ws6
             flags["qla_fused"] += f"; {api.A0_FALLBACK_IMPL} where a backward follows"
         flags["qla_kkt"] = api.resolve_kkt_impl()
         flags["qla_cp"] = f"on (combine: {api.resolve_cp_combine()})" if api.resolve_cp() else "off"

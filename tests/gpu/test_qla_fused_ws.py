@@ -37,7 +37,7 @@ WS_IMPLS = ("ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10")
 ROUNDS_LIKE_V2 = ("ws", "ws5")
 # ws7, ws8 and ws9 round as FLA does (beta V and beta exp(g) K rounded once, U and Wk formed before the chain): held to
 # 1.1x v2's error, issue 4's bound against FLA
-# ws10 likewise (U and -Wk formed before the chain from stage 1's Gamma o A0, beta applied in fp32)
+# ws10 likewise (U = Agb V and -Wk formed before the chain from stage 1's Gamma o A0 diag(beta), A0 diag(beta))
 LOOSER_THAN_V2 = {"ws7": 1.1, "ws8": 1.1, "ws9": 1.1, "ws10": 1.1}
 
 

@@ -108,7 +108,7 @@ def test_kkt_solve_v3_hoisted_compiles():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_kkt_solve_v4_emit_ab_compiles(dtype):
-    # ws10's stage 1: v4 writing Gamma o A0 in A0's place; held to v4's budget (80 registers for
+    # ws10's stage 1: v4 writing Gamma o A0 diag(beta) in A0's place; held to v4's budget (80 registers for
     # six CTAs/SM, v4's 38.8 KiB of shared memory)
     from qla_kernels.gdn.api import KKT_IMPLS
     from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program

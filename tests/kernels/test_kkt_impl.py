@@ -76,14 +76,14 @@ def test_chunk_kkt_solve_rejects_cpu_before_any_launch():
 
 
 def test_emit_ab_needs_a_lean_scatter_v3_kkt():
-    """ws10's stage 1 output (emit_ag) exists only in the v3 family with the lean scatter of L; any other
+    """ws10's stage 1 output (emit_agb) exists only in the v3 family with the lean scatter of L; any other
     kkt_impl is refused by name before a kernel is built or launched."""
-    from qla_kernels.gdn.api import A0_FALLBACK_IMPL, AG_IMPLS, AG_KKT_IMPLS, FUSED_IMPLS, _kkt_kernel
+    from qla_kernels.gdn.api import A0_FALLBACK_IMPL, AGB_IMPLS, AGB_KKT_IMPLS, FUSED_IMPLS, _kkt_kernel
 
     lean_v3 = {n for n, (version, extra) in KKT_IMPLS.items() if version == "v3" and len(extra) > 5 and extra[5]}
-    assert set(AG_KKT_IMPLS) == lean_v3 and "v4" in lean_v3
+    assert set(AGB_KKT_IMPLS) == lean_v3 and "v4" in lean_v3
     for impl in set(KKT_IMPLS) - lean_v3:
-        with pytest.raises(ValueError, match=r"kkt_impl must be one of .* with an emit_ag fused kernel"):
+        with pytest.raises(ValueError, match=r"kkt_impl must be one of .* with an emit_agb fused kernel"):
             _kkt_kernel(impl, "bfloat16", True)
-    assert set(AG_IMPLS) <= set(FUSED_IMPLS) and A0_FALLBACK_IMPL in FUSED_IMPLS
-    assert A0_FALLBACK_IMPL not in AG_IMPLS  # the autograd forward must get an A0
+    assert set(AGB_IMPLS) <= set(FUSED_IMPLS) and A0_FALLBACK_IMPL in FUSED_IMPLS
+    assert A0_FALLBACK_IMPL not in AGB_IMPLS  # the autograd forward must get an A0

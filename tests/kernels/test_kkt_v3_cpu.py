@@ -58,9 +58,9 @@ def kernels():
         kkt_solve_v3_program(128, "float32", True, cpu_debug=True, hoist_index=True, lean_scatter=True, fold_l00=True),
         target="c", pass_configs=cfg,
     )  # fmt: skip
-    # the ws10 forward's stage 1 (kkt v4 with emit_ag): Gamma o A0 instead of A0
-    built["ag"] = tilelang.compile(
-        kkt_solve_v3_program(128, "float32", True, cpu_debug=True, hoist_index=True, lean_scatter=True, emit_ag=True),
+    # the ws10 forward's stage 1 (kkt v4 with emit_agb): Gamma o A0 diag(beta) instead of A0
+    built["agb"] = tilelang.compile(
+        kkt_solve_v3_program(128, "float32", True, cpu_debug=True, hoist_index=True, lean_scatter=True, emit_agb=True),
         target="c", pass_configs=cfg,
     )  # fmt: skip
     return built
@@ -101,19 +101,21 @@ def exact(k, g, beta, cu):
     return gc, a0
 
 
-def exact_ag(a0, gc, cu):
-    """float64 Gamma o A0 rows [T, H_v, 64] from exact()'s A0 and cumsum (a chunk's columns past a sequence end
-    are A0's, 0 in the sequence's rows)."""
-    ag = a0.clone()
+def exact_agb(a0, gc, beta, cu):
+    """float64 Gamma o A0 diag(beta) rows [T, H_v, 64] from exact()'s A0 and cumsum: the chunk's tokens only
+    (beta is 0 past a sequence end)."""
+    agb, a0b = torch.zeros_like(a0), torch.zeros_like(a0)
+    bf = beta[0].double()
     for s, e in itertools.pairwise(cu):
         for c0 in range(s, e, 64):
             n = min(64, e - c0)
             rows = slice(c0, c0 + n)
+            a0b[rows, :, :n] = a0[rows, :, :n] * bf[rows].T[None]
             g_i = gc[rows].permute(1, 0)[:, :, None]  # [H_v, n, 1]
             g_j = gc[rows].permute(1, 0)[:, None, :]
             gam = torch.tril(torch.exp(torch.tril(g_i - g_j)))  # [H_v, n, n], 0 above the diagonal
-            ag[rows, :, :n] = a0[rows, :, :n] * gam.permute(1, 0, 2)
-    return ag
+            agb[rows, :, :n] = a0b[rows, :, :n] * gam.permute(1, 0, 2)
+    return agb
 
 
 def run(kern, k, g, beta, cu_seqlens, chunk_indices):
@@ -145,10 +147,10 @@ def test_v3_program_on_cpu_matches_float64(kernels, cu, h_qk, h_v):
     assert torch.equal(gcl, gc) and torch.equal(a0l, a0)  # the same products from L in one buffer
     gcf, a0f = run(kernels["fold"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
     assert torch.equal(gcf, gc) and torch.equal(a0f, a0)  # the same values, L stored folded
-    gca, ag = run(kernels["ag"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
+    gca, agb = run(kernels["agb"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
     assert torch.equal(gca, gc)
-    assert rel(ag, exact_ag(ref_a0, ref_gc, cu)) < 2e-6
-    assert torch.isfinite(ag).all()  # strong decay (g = -20 on head 1): no inf * 0 above the diagonal
+    assert rel(agb, exact_agb(ref_a0, ref_gc, beta, cu)) < 2e-6
+    assert torch.isfinite(agb).all()  # strong decay (g = -20 on head 1): no inf * 0 above the diagonal
 
 
 def test_no_write_past_a_sequence_end(kernels):

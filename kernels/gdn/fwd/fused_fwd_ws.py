@@ -44,9 +44,10 @@ NREG_STATE = 168
 NREG_DELTA = 152
 NREG_OUT = 160
 NREG_LOAD = 24
-# rev 7: WG1 holds U (64 fp32 per thread at BV = 128), -Wk's fp32 accumulator and U's two bf16 operands, WG2
-# no longer builds Gamma o A0 (one 64x64 fp32 fragment less). Its first form (-Wk a register operand) had
-# ptxas serialise the wgmma instructions at rev 6's 152/160 (C7512, "insufficient register resources")
+# rev 7: WG1 holds U (64 fp32 per thread at BV = 128) and -Wk (64 bf16) across its wait for the state, WG2
+# no longer builds Gamma o A0 (one 64x64 fp32 fragment less); with rev 6's split ptxas serialised the
+# wgmma instructions (C7512, "insufficient register resources")
+# (and spilled at 160/152); 176/136 builds without either
 NREG_DELTA_REV7 = 176
 NREG_OUT_REV7 = 136
 
@@ -84,7 +85,7 @@ PHASES_REV5 = (
 # rev 7 (ws10): WG1 forms U and -D Wk before the state arrives, the chain is one GEMM; WG2 has no Ag pass
 PHASES_REV7 = (
     PHASES[0],
-    ("wait full", "d, d_r", "-Ag diag(beta) D, Wk", "gemm U (hi + lo)", "wait s_ready", "gemm Wk S", "wait ag_ready",
+    ("wait full", "d, d_r", "-Agb D, gemm Wk", "gemm Agb V", "wait s_ready", "gemm Wk S", "wait ag_ready",
      "Vnew, Vd copies", "arrive vn_ready, empty"),
     ("wait full", "gemm Q K^T", "Pg", "d, Pg -> p_sh", "wait s_ready", "gemm Q S", "O *= d", "wait vn_ready",
      "gemm Pg Vnew", "O -> o_sh, TMA store"),
@@ -142,17 +143,19 @@ def fused_fwd_ws_program(
     one bf16 rounding error into the whole of its update; emulated at T = 1 (NOTES.md, session 6) that
     is 1.19x FLA's final-state error, rev 6's 0.74x.
 
-    rev=7 (fused impl "ws10") takes stage 1's emit_ag output instead of A0: Ag = Gamma o A0 [1, T, H_v, 64].
-    Since Vnew = Ag diag(beta) (V - D K S) = U - Wk S with U = Ag diag(beta) V and Wk = Ag diag(beta) D K,
-    WG1 forms U and -Wk (bf16, in wk_sh) while WG0 is still on the previous chunk, and the state
-    chain per chunk is s_sh -> Wk S -> Vnew, Vd copies -> K^T Vd: K S, the W pass and Ag W leave it (the
-    profile build put them at 2.2 K of the chain's ~4.7 K cycles at BV = 128). Both A operands are formed in
-    registers from Ag with beta (and exp(g)) applied per column in fp32: -Ag diag(beta exp(g)) rounded once
-    for Wk's GEMM, Ag diag(beta) split into bf16 hi + lo for U's (two GEMMs, so U is exact up to Ag's own
-    rounding). -Wk goes through shared memory: as a register operand beside U's two it spilled. WG2 loses its
-    Ag pass. Rounding (rounding_study, one token, emulated): 0.86x FLA's final-state error; with beta
-    rounded into stage 1's matrix (this revision's first form) it was 1.08x, and the H200 edge check read
-    1.16x on one config. Works with state_pass (then the transition slices run with U = 0).
+    rev=7 (fused impl "ws10") takes stage 1's emit_agb output instead of A0: Agb = Gamma o A0 diag(beta)
+    [1, T, H_v, 64]. Since Vnew = Agb (V - D K S) = U - Wk S with U = Agb V and Wk = (Agb D) K, WG1 forms U
+    and -Wk (bf16, a register operand) while WG0 is still on the previous chunk, and the state chain per
+    chunk is s_sh -> Wk S -> Vnew, Vd copies -> K^T Vd: K S, the W pass and Ag W leave it (the profile build
+    put them at 2.2 K of the chain's ~4.7 K cycles at BV = 128). -Agb D (columns scaled by -exp(g_j)) is
+    formed in registers as the A operand of Wk's GEMM. WG2 loses its Ag pass (no A0 to gate), and O leaves
+    through two o_sh stages (a chunk's TMA store may still be reading one while the next is written).
+    Rounding: Agb once from fp32, Agb D and -Wk once more each, U and Vnew stay fp32 until Vd. That is FLA's
+    level, not below it (rounding_study's "ws10": one token 1.07x FLA's final-state error on average,
+    emulated; the H200 edge check read 0.96-1.16x at T = 1 and 0.89-0.97x on longer sequences, session 12),
+    so it is not auto's kernel. Forming U exactly (beta applied in fp32, its operand split hi + lo, -Wk
+    through shared memory; commit 91ac1a6) put the error below FLA's (0.86x emulated) but cost 1.27x in
+    time over qwen35-fwd. Works with state_pass (then the transition slices run with U = 0).
 
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
@@ -245,10 +248,10 @@ def fused_fwd_ws_program(
             vd_sh = T.alloc_shared((C, block_v), dtype)
             vn_sh = T.alloc_shared((C, block_v), dtype)
             p_sh = T.alloc_shared((C, C), dtype)
-            if v5:
+            if ab:  # two stages: chunk c's TMA store may still read one while chunk c + 1 fills the other
+                o_sh = T.alloc_shared((2, C, block_v), dtype)
+            elif v5:
                 o_sh = T.alloc_shared((C, block_v), dtype)
-            if ab:
-                wk_sh = T.alloc_shared((C, dk), dtype)  # -Wk (WG1's, rev 7)
             # warpgroup-private gate exponentials
             # (per stage: a fast thread writing chunk c+1's values never races a slow one reading chunk c's)
             d1_sh = T.alloc_shared((2, C), acc)
@@ -332,10 +335,9 @@ def fused_fwd_ws_program(
                 if ab:
                     # ---- WG1, rev 7: -Wk and U ahead of the state, then Vnew = U - Wk S -> Vd ----
                     T.set_max_nreg(nreg_delta, 1)
-                    # -Ag diag(beta exp(g)), Wk's GEMM's register operand; then the hi part of Ag diag(beta)
-                    agd = T.alloc_fragment((C, C), dtype)
-                    agl = T.alloc_fragment((C, C), dtype)  # the lo part: U = (hi + lo) V
-                    wk = T.alloc_fragment((C, dk), acc)  # -Wk
+                    agd = T.alloc_fragment((C, C), dtype)  # -Agb D = -D A0 diag(beta): Wk's GEMM's register operand
+                    wk = T.alloc_fragment((C, dk), acc)  # -Wk = -Agb D K
+                    wkb = T.alloc_fragment((C, dk), dtype)  # -Wk in bf16: the register operand of the chain's GEMM
                     u = T.alloc_fragment((C, block_v), acc)  # U, then Vnew
                     for c in T.serial(n_chunks):
                         st = c % 2
@@ -345,7 +347,7 @@ def fused_fwd_ws_program(
                         T.barrier_wait(full[st], (c // 2) % 2)
                         tick(clk, spent, 0)
                         for i in T.Parallel(C):
-                            d1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E) * b_sh[st, i]  # beta exp(g) here
+                            d1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
                             dr1_sh[st, i] = T.if_then_else(
                                 t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
                             )
@@ -355,24 +357,16 @@ def fused_fwd_ws_program(
                         for i, j in T.Parallel(C, C):
                             agd[i, j] = T.cast(-T.cast(agd[i, j], acc) * d1_sh[st, j], dtype)
                         T.gemm(agd, k_sh[st, :, :], wk, clear_accum=True)
-                        T.copy(wk, wk_sh)  # chunk c - 1's chain GEMM, which read it, is complete (program order)
-                        T.fence_proxy_async()
+                        T.copy(wk, wkb)
                         tick(clk, spent, 2)
-                        T.copy(a_sh[st, :, :], agd)
-                        T.copy(a_sh[st, :, :], agl)
-                        for i, j in T.Parallel(C, C):  # hi
-                            agd[i, j] = T.cast(T.cast(agd[i, j], acc) * b_sh[st, j], dtype)
-                        for i, j in T.Parallel(C, C):  # lo: what hi missed of Ag beta
-                            agl[i, j] = T.cast(T.cast(agl[i, j], acc) * b_sh[st, j] - T.cast(agd[i, j], acc), dtype)
-                        T.gemm(agd, v_sh[st, :, :], u, clear_accum=True)
-                        T.gemm(agl, v_sh[st, :, :], u)
+                        T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
                         if state_pass:  # the transition slices run with V = 0
                             for i, j in T.Parallel(C, block_v):
                                 u[i, j] = T.if_then_else(v0 < dv, u[i, j], 0.0)
                         tick(clk, spent, 3)
                         T.barrier_wait(s_ready, c % 2)
                         tick(clk, spent, 4)
-                        T.gemm(wk_sh, s_sh, u)
+                        T.gemm(wkb, s_sh, u)
                         tick(clk, spent, 5)
                         T.barrier_wait(ag_ready, c % 2)  # WG2 has read vn_sh for chunk c - 1
                         tick(clk, spent, 6)
@@ -560,7 +554,19 @@ def fused_fwd_ws_program(
                         T.gemm(p_sh, vn_sh, ob)
                         T.barrier_arrive(empty[st])
                         tick(clk, spent, 8)
-                        if v5 and t0 + C <= end:
+                        if ab:
+                            if t0 + C <= end:
+                                T.tma_store_wait(1)  # the store of chunk c - 2 (the same stage) has read o_sh[st]
+                                T.sync_threads(2, WG)
+                                T.copy(ob, o_sh[st, :, :])
+                                T.fence_proxy_async()
+                                T.sync_threads(2, WG)
+                                T.tma_copy(o_sh[st, :, :], o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
+                            else:
+                                for i, j in T.Parallel(C, block_v):
+                                    if t0 + i < end:
+                                        o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
+                        elif v5 and t0 + C <= end:
                             T.tma_store_wait()  # the previous chunk's TMA store has read o_sh
                             T.sync_threads(2, WG)
                             T.copy(ob, o_sh)

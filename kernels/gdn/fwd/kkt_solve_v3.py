@@ -77,7 +77,7 @@ def kkt_solve_v3_program(
     lean_scatter: bool = False,
     tma_k: bool = False,
     fold_l00: bool = False,
-    emit_ag: bool = False,
+    emit_agb: bool = False,
 ):
     """TileLang program with kkt_solve_program's signature: (k, g, beta, cu_seqlens, chunk_indices) ->
     (g_cumsum, A0). Varlen layout (B = 1); head counts are runtime values.
@@ -115,12 +115,11 @@ def kkt_solve_v3_program(
     shared memory, so six CTAs fit an SM instead of five (v4 ran 3.6 CTAs in flight per SM on the H200).
     Measured there (session 7): v4's time and v4's CTAs in flight, so shared memory was not the limit.
 
-    emit_ag=True writes Ag = Gamma o A0 (the gated inverse, FLA's A) in A0's place, rounded once from the
-    fp32 A0 (Gamma_ij = exp(g_i - g_j) for i >= j, 0 above): the ws10 forward (fused_fwd_ws rev 7) applies
-    beta itself, in fp32. No backward reads it: the autograd forward keeps A0. (Session 12 first wrote
-    A0 diag(beta) beside Gamma o A0 diag(beta): the second 64x64 tile per chunk-head cost what the shorter
-    chain saved; then Gamma o A0 diag(beta) alone, which rounds beta into the matrix: 1.16x FLA's one-token
-    state error on the H200 edge check, NOTES.md.)
+    emit_agb=True writes Agb = Gamma o A0 diag(beta) (the gated inverse with beta, FLA's A diag(beta)) in A0's
+    place, rounded once from the fp32 A0 (Gamma_ij = exp(g_i - g_j) for i >= j, 0 above; beta is 0 past the
+    sequence end, so those columns are 0): the ws10 forward (fused_fwd_ws rev 7) multiplies by it. No
+    backward reads it: the autograd forward keeps A0. (Session 12 first wrote A0 diag(beta) beside it as
+    well; the second 64x64 tile per chunk-head cost what the shorter chain saved, NOTES.md.)
 
     (Session 8 also had several items per CTA, to ask whether v4 is bound by how fast its CTAs start and
     finish: on the H200 those builds hung. The parser turns the items' Python loop into a device loop,
@@ -212,16 +211,16 @@ def kkt_solve_v3_program(
         return T.if_then_else(i >= j, T.exp2((gc_sh[i] - gc_sh[j]) * LOG2E), 0.0)
 
     @T.macro
-    def assemble_ag(u2, x11_hi, x11_lo, x22_hi, x22_lo, gc_sh, ag):
-        """ag = Gamma o A0, rounded once from fp32."""
+    def assemble_agb(u2, x11_hi, x11_lo, x22_hi, x22_lo, b_sh, gc_sh, agb):
+        """agb = Gamma o A0 diag(beta), rounded once from fp32."""
         for r, c in T.Parallel(HALF, HALF):
-            ag[HALF + r, c] = T.cast(-u2[r, c] * T.exp2((gc_sh[HALF + r] - gc_sh[c]) * LOG2E), dtype)
+            agb[HALF + r, c] = T.cast(-u2[r, c] * b_sh[c] * T.exp2((gc_sh[HALF + r] - gc_sh[c]) * LOG2E), dtype)
         for r, c in T.Parallel(HALF, HALF):
-            x = x11_hi[r, c] + x11_lo[r, c] if precise else x11_hi[r, c]
-            ag[r, c] = T.cast(x * gate(gc_sh, r, c), dtype)
-            y = x22_hi[r, c] + x22_lo[r, c] if precise else x22_hi[r, c]
-            ag[HALF + r, HALF + c] = T.cast(y * gate(gc_sh, HALF + r, HALF + c), dtype)
-            ag[r, HALF + c] = T.cast(0.0, dtype)
+            x = (x11_hi[r, c] + x11_lo[r, c] if precise else x11_hi[r, c]) * b_sh[c]
+            agb[r, c] = T.cast(x * gate(gc_sh, r, c), dtype)
+            y = (x22_hi[r, c] + x22_lo[r, c] if precise else x22_hi[r, c]) * b_sh[HALF + c]
+            agb[HALF + r, HALF + c] = T.cast(y * gate(gc_sh, HALF + r, HALF + c), dtype)
+            agb[r, HALF + c] = T.cast(0.0, dtype)
 
     # One (chunk, value head) item, w = chunk * h_v + head, with its own buffers.
     @T.macro
@@ -424,8 +423,8 @@ def kkt_solve_v3_program(
 
         stamp(prof, w, 12)
         # assemble A0 = [X11 0; X21 X22] (hi + lo is the exact fp32 value)
-        if emit_ag:
-            assemble_ag(u2, x11_hi, x11_lo, x22_hi, x22_lo, gc_sh, a_out)
+        if emit_agb:
+            assemble_agb(u2, x11_hi, x11_lo, x22_hi, x22_lo, b_sh, gc_sh, a_out)
         else:
             assemble_a0(u2, x11_hi, x11_lo, x22_hi, x22_lo, a_out)
 
