@@ -56,6 +56,8 @@ class Row:
     rel_l2: dict[str, float] = field(default_factory=dict)
     max_abs: dict[str, float] = field(default_factory=dict)
     nonfinite: dict[str, int] = field(default_factory=dict)
+    # per output, the input seed whose rel_l2 the row reports (seed .. seed + check_seeds - 1)
+    worst_seed: dict[str, int] = field(default_factory=dict)
     tolerance: float | None = None
     # timing
     timer: str = ""  # cuda-events | cuda-graph | cpu-wall

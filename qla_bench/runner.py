@@ -170,6 +170,7 @@ def measure_point(
             row = _base_row(point, b, opts, timer, run_id)
             row.status, row.reason = s.status, s.reason
             row.rel_l2, row.max_abs, row.nonfinite = s.rel_l2, s.max_abs, s.nonfinite
+            row.worst_seed = s.worst_seed
             row.first_call_ms = s.first_call_ms
             row.versions = {**row.versions, **s.versions}
             row.env_flags = {**row.env_flags, **s.env_flags}

@@ -34,15 +34,20 @@ class SetupResult:
     first_call_ms: float | None = None
     versions: dict[str, str] = field(default_factory=dict)
     env_flags: dict[str, str] = field(default_factory=dict)
+    worst_seed: dict[str, int] = field(default_factory=dict)  # per output: the seed its rel_l2 came from
 
 
-def worst_of_seeds(results: list[SetupResult]) -> SetupResult:
+def worst_of_seeds(results: list[SetupResult], seeds: list[int] | None = None) -> SetupResult:
     """One check's outcome from several seeds' (in seed order): the first failing seed's status and reason,
     else PASSED; per output the largest error and the summed non-finite count over the seeds, so a row
-    (and the report's comparison with another library's row) reflects the worst input seen; the first call's
-    time is seed 0's (the one that compiled)."""
+    (and the report's comparison with another library's row) reflects the worst input seen, and which seed
+    (of seeds, default 0, 1, ...) gave each output's largest rel-L2, so that input can be rebuilt; the first
+    call's time is seed 0's (the one that compiled)."""
     if not results:
         raise ValueError("results must hold at least one seed's check")
+    seeds = list(range(len(results))) if seeds is None else list(seeds)
+    if len(seeds) != len(results):
+        raise ValueError(f"seeds must hold one seed per result ({len(results)}), got {len(seeds)}")
     failed = next((r for r in results if r.status != Status.PASSED.value), None)
     first = results[0]
     merged = SetupResult(
@@ -52,9 +57,11 @@ def worst_of_seeds(results: list[SetupResult]) -> SetupResult:
         versions=first.versions,
         env_flags=first.env_flags,
     )
-    for r in results:
+    for seed, r in zip(seeds, results):
         for name, err in r.rel_l2.items():
-            merged.rel_l2[name] = max(err, merged.rel_l2.get(name, err))
+            if name not in merged.rel_l2 or err > merged.rel_l2[name]:
+                merged.rel_l2[name] = err
+                merged.worst_seed[name] = seed
         for name, err in r.max_abs.items():
             merged.max_abs[name] = max(err, merged.max_abs.get(name, err))
         for name, count in r.nonfinite.items():
@@ -142,7 +149,7 @@ class BackendSession:
                 results.append(self._check_one(wl, mode, seed + i, keep=(i == 0), base=base))
                 if results[-1].status != Status.PASSED.value:
                     break
-            result = worst_of_seeds(results)
+            result = worst_of_seeds(results, [seed + i for i in range(len(results))])
             if result.status != Status.PASSED.value:
                 self.prepared = None
             return result

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from qla_bench.rows import iter_rows
 from qla_bench.runner import RunOptions, points_from_rows, remeasure, run_sweep
 from qla_bench.sweeps import Sweep, parse_sweep
@@ -162,6 +164,9 @@ def test_check_seeds_rows_hold_the_worst_error_over_the_seeds(tmp_path):
     assert three.first_call_ms is not None  # seed 0's first call, not None from a later seed
     for name, err in one.rel_l2.items():  # seed 0 is among the three, so the worst is at least its error
         assert three.rel_l2[name] >= err
+    assert set(three.worst_seed) == set(three.rel_l2)  # each output names the input seed behind its error
+    assert all(three.seed <= s < three.seed + 3 for s in three.worst_seed.values())
+    assert one.worst_seed == {name: one.seed for name in one.rel_l2}
 
 
 def test_worst_of_seeds_merges_errors_and_keeps_the_first_failure():
@@ -173,5 +178,9 @@ def test_worst_of_seeds_merges_errors_and_keeps_the_first_failure():
     m = worst_of_seeds([a, b])
     assert m.status == "PASSED" and m.rel_l2 == {"o": 2e-3, "dg": 5e-3} and m.max_abs == {"o": 0.1}
     assert m.first_call_ms == 9.0
+    assert m.worst_seed == {"o": 1, "dg": 0}  # which input each output's reported error came from
+    assert worst_of_seeds([a, b], seeds=[70, 71]).worst_seed == {"o": 71, "dg": 70}
+    with pytest.raises(ValueError, match="one seed per result"):
+        worst_of_seeds([a, b], seeds=[70])
     m = worst_of_seeds([a, c])
     assert m.status == "INCORRECT" and m.reason == "o rel-L2 0.5" and m.nonfinite == {"o": 2}

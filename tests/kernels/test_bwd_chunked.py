@@ -97,7 +97,11 @@ def test_autograd_function_wires_the_backward(monkeypatch):
     dht = torch.randn(2, 3, D, D, generator=gen, dtype=torch.float64)
     cu = torch.tensor([0, 70, 150])
 
-    def fake_fwd(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True):
+    need_a0_seen = []
+
+    def fake_fwd(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
+                 need_a0=True):
+        need_a0_seen.append(need_a0)
         o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state, True, cu_seqlens)
         gc, a0 = stage1_reference(k, g, beta, [(0, 70), (70, 150)])
         return FwdOutput(o, ht if output_final_state else None, gc, a0)
@@ -114,3 +118,4 @@ def test_autograd_function_wires_the_backward(monkeypatch):
     with torch.no_grad():
         o2, st2 = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
     assert st2 is None and torch.allclose(o2, o.detach())
+    assert need_a0_seen == [True, False]  # the Function's forward keeps A0 for its backward; inference need not
