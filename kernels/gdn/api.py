@@ -87,9 +87,12 @@ DEFAULT_KKT_IMPL = "v4"
 # configs; errors at FLA's level, not below: its one-token final state was 1.16x FLA's on one edge config, over issue
 # 4's 1.1x bound, so auto keeps ws6). It has no A0 for a backward: the autograd forward (need_a0=True) runs ws6 in its
 # place.
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "auto")
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "auto")
+# fused_fwd_ws.py's revisions behind the names; "ws11" (rev 8: ws10 with Agb's diagonal, a token's own beta, taken
+# unrounded in both of WG1's products) is prepared, not yet run on a GPU (session 12)
+WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8}
 # fused implementations that take stage 1's emit_agb output instead of A0
-AGB_IMPLS = ("ws10",)
+AGB_IMPLS = ("ws10", "ws11")
 # what runs instead of an AGB_IMPLS kernel when the caller needs A0 (the autograd forward)
 A0_FALLBACK_IMPL = "ws6"
 TRANSPOSED_STATE_IMPLS = ("ws7", "ws8", "ws9")
@@ -145,11 +148,11 @@ def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first:
         rev = int(impl[2:])
         return launcher(fused_fwd_ws7_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, rev >= 8, False,
                                              rev >= 9))
-    if impl in ("ws", "ws5", "ws6", "ws10"):
+    if impl in WS_REVS:
         from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
-        rev = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7}[impl]
-        return launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v, False, rev))
+        return launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v, False,
+                                            WS_REVS[impl]))
     from .fwd.fused_fwd import fused_fwd_kernel
 
     return launcher(fused_fwd_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, state_v_first, block_v))
@@ -313,7 +316,8 @@ def chunk_gated_delta_rule_fwd(
         from .cp import run_cp
 
         o, ht = run_cp(cpp, initial_state if use_h0 else None,
-                       state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm, emit_agb),
+                       state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm,
+                                           WS_REVS[fimpl_name] if emit_agb else 5),
                        lambda cu, init: run_fused(cu, cpp.num_pieces, init, True),
                        _combine_kernel if resolve_cp_combine() == "kernel" else None)
     if emit_agb:
@@ -353,16 +357,16 @@ CP_COMBINE_ENV = "QLA_CP_COMBINE"
 DEFAULT_CP_COMBINE = "kernel"
 
 
-def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, ab: bool = False):
+def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, rev: int = 5):
     """CP's state pass on packed inputs (the warp-specialised kernel's state_pass build): piece cu_seqlens ->
-    [h | M] [P, H_v, K, 2V] fp32. Shared by the forward and the backward's stage 0 (bwd_api). ab: a0 is
-    stage 1's emit_agb output (the rev 7 build runs)."""
+    [h | M] [P, H_v, K, 2V] fp32. Shared by the forward and the backward's stage 0 (bwd_api). rev: the
+    fused_fwd_ws revision to build (5 takes A0; 7 and 8 take stage 1's emit_agb output as a0)."""
     from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
     h_v = vf.shape[2]
     bv = choose_block_v_ws(2 * cpp.num_pieces, h_v, num_sms)
     kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], False, False, bv, False,
-                                 7 if ab else 5, True)
+                                 rev, True)
 
     def state_pass(cu: torch.Tensor) -> torch.Tensor:
         hm = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, 2 * HEAD_DIM, dtype=torch.float32, device=qf.device)

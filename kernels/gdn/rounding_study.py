@@ -10,7 +10,9 @@ inputs and prints each one's mean relative L2 error:
 - ws10 (rev 7, session 12): beta rounded into stage 1's Gamma o A0 diag(beta): U = bf(beta) v,
   Wk = bf(bf(bf(beta) e^g) k), Vd = bf(U - Wk bf(S));
 - ws10-exact-u: rev 7 with stage 1's Gamma o A0 (1 at T = 1) and beta applied in fp32, U = beta v exactly (its
-  operand split hi + lo), Wk = bf(bf(beta e^g) k) (built and measured in session 12, commit 91ac1a6: 1.27x slower).
+  operand split hi + lo), Wk = bf(bf(beta e^g) k) (built and measured in session 12, commit 91ac1a6: 1.27x slower);
+- ws11 (rev 8): rev 7 with Agb's diagonal (beta) unrounded in both products: U = beta v, Wk = bf(bf(beta e^g) k),
+  the same roundings as ws10-exact-u at T = 1 (in longer chunks only the diagonal is exact).
 Rounding beta on its own puts one relative error into a token's whole update, which no sum averages out.
 
     python -m qla_kernels.gdn.rounding_study [TRIALS]
@@ -57,6 +59,9 @@ def one_token_errors(seed: int, h_v: int = 8) -> dict[str, float]:
                            - torch.einsum("hk,hkv->hv", _bf(_bf(_bf(beta) * eg)[:, None] * k), _bf(s)))),
         "ws10-exact-u": update(_bf(beta[:, None] * v
                                    - torch.einsum("hk,hkv->hv", _bf(_bf(beta * eg)[:, None] * k), _bf(s)))),
+        # U's diagonal term bf(beta) v plus the fp32 fix (beta - bf(beta)) v; Wk's diagonal operand -beta e^g
+        "ws11": update(_bf(_bf(beta)[:, None] * v + (beta - _bf(beta))[:, None] * v
+                           - torch.einsum("hk,hkv->hv", _bf(_bf(beta * eg)[:, None] * k), _bf(s)))),
     }
     return {name: ((x - exact).norm() / exact.norm()).item() for name, x in variants.items()}
 

@@ -97,7 +97,9 @@ def test_combine_kernel_matches_the_host_walk():
         assert err < 1e-5, err  # 3xTF32 products: fp32 level
 
 
-@pytest.mark.parametrize(("combine_impl", "impl"), [("views", "ws5"), ("kernel", "ws5"), ("kernel", "ws10")])
+@pytest.mark.parametrize(
+    ("combine_impl", "impl"), [("views", "ws5"), ("kernel", "ws5"), ("kernel", "ws10"), ("kernel", "ws11")]
+)
 @pytest.mark.parametrize("name", list(CASES))
 def test_cp_forward_matches_reference(name, combine_impl, impl, monkeypatch):
     monkeypatch.setenv("QLA_CP_COMBINE", combine_impl)

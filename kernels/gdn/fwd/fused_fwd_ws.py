@@ -157,14 +157,22 @@ def fused_fwd_ws_program(
     through shared memory; commit 91ac1a6) put the error below FLA's (0.86x emulated) but cost 1.27x in
     time over qwen35-fwd. Works with state_pass (then the transition slices run with U = 0).
 
+    rev=8 (fused impl "ws11"; prepared in session 12, not yet run on a GPU) is rev 7 with Agb's diagonal
+    taken unrounded: a token's own beta is Agb's diagonal (A0 and Gamma are 1 there), so -Wk's operand uses
+    -beta_j exp(g_j) in fp32 on the diagonal, and U gets (beta_i - bf(beta_i)) V_i added in fp32 (one
+    element-wise pass over V, before WG1's wait for the state). Emulated at T = 1 (rounding_study "ws11"):
+    0.86x FLA's final-state error against rev 7's 1.07x; the pass should fit in WG1's ~1.1 K cycles of
+    waiting per chunk at BV = 128 (rev 7's profile).
+
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
     C = CHUNK
-    assert rev in (4, 5, 6, 7)
+    assert rev in (4, 5, 6, 7, 8)
     v5 = rev >= 5
     beta_in_w = rev == 6
     ab = rev >= 7
+    diag_fix = rev >= 8
     assert dv % block_v == 0 and block_v in (32, 64, 128)
     assert not state_pass or (v5 and not beta_in_w and not profile and not state_v_first and dk == dv)
     assert not store_states or (v5 and not ab and not profile and not state_pass and not state_v_first)
@@ -257,6 +265,8 @@ def fused_fwd_ws_program(
             d1_sh = T.alloc_shared((2, C), acc)
             dr1_sh = T.alloc_shared((2, C), acc)
             d2_sh = T.alloc_shared((2, C), acc)
+            if diag_fix:
+                rb_sh = T.alloc_shared((2, C), acc)  # beta - rounded(beta): what Agb's diagonal lost (rev 8)
 
             full = T.alloc_barrier(arrive_count=[32, 32])
             empty = T.alloc_barrier(arrive_count=[3 * WG, 3 * WG])
@@ -351,15 +361,26 @@ def fused_fwd_ws_program(
                             dr1_sh[st, i] = T.if_then_else(
                                 t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
                             )
+                            if diag_fix:
+                                rb_sh[st, i] = b_sh[st, i] - T.cast(T.cast(b_sh[st, i], dtype), acc)
                         T.sync_threads(1, WG)
                         tick(clk, spent, 1)
                         T.copy(a_sh[st, :, :], agd)
-                        for i, j in T.Parallel(C, C):
-                            agd[i, j] = T.cast(-T.cast(agd[i, j], acc) * d1_sh[st, j], dtype)
+                        if diag_fix:  # Agb's diagonal is beta (A0 and Gamma are 1 there): take it unrounded
+                            for i, j in T.Parallel(C, C):
+                                agd[i, j] = T.cast(
+                                    T.if_then_else(i == j, -b_sh[st, j], -T.cast(agd[i, j], acc)) * d1_sh[st, j], dtype
+                                )
+                        else:
+                            for i, j in T.Parallel(C, C):
+                                agd[i, j] = T.cast(-T.cast(agd[i, j], acc) * d1_sh[st, j], dtype)
                         T.gemm(agd, k_sh[st, :, :], wk, clear_accum=True)
                         T.copy(wk, wkb)
                         tick(clk, spent, 2)
                         T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
+                        if diag_fix:  # the diagonal's share of U with beta unrounded: U_i += (beta_i - bf(beta_i)) V_i
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = u[i, j] + rb_sh[st, i] * T.cast(v_sh[st, i, j], acc)
                         if state_pass:  # the transition slices run with V = 0
                             for i, j in T.Parallel(C, block_v):
                                 u[i, j] = T.if_then_else(v0 < dv, u[i, j], 0.0)
