@@ -6,6 +6,7 @@ runner drives both the same way and can interleave backends per config in rounds
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ class SetupResult:
     worst_seed: dict[str, int] = field(default_factory=dict)  # per output: the seed its rel_l2 came from
 
 
+def _worse(err: float, than: float) -> bool:
+    """err is a worse error than `than`: larger, and a NaN is worse than any number (it must not hide)."""
+    return not math.isnan(than) and (math.isnan(err) or err > than)
+
+
 def worst_of_seeds(results: list[SetupResult], seeds: list[int] | None = None) -> SetupResult:
     """One check's outcome from several seeds' (in seed order): the first failing seed's status and reason,
     else PASSED; per output the largest error and the summed non-finite count over the seeds, so a row
@@ -59,7 +65,7 @@ def worst_of_seeds(results: list[SetupResult], seeds: list[int] | None = None) -
     )
     for seed, r in zip(seeds, results):
         for name, err in r.rel_l2.items():
-            if name not in merged.rel_l2 or err > merged.rel_l2[name]:
+            if name not in merged.rel_l2 or _worse(err, merged.rel_l2[name]):
                 merged.rel_l2[name] = err
                 merged.worst_seed[name] = seed
         for name, err in r.max_abs.items():

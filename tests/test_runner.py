@@ -182,5 +182,9 @@ def test_worst_of_seeds_merges_errors_and_keeps_the_first_failure():
     assert worst_of_seeds([a, b], seeds=[70, 71]).worst_seed == {"o": 71, "dg": 70}
     with pytest.raises(ValueError, match="one seed per result"):
         worst_of_seeds([a, b], seeds=[70])
+    nan = SetupResult("INCORRECT", rel_l2={"o": float("nan")})
+    for order in ([a, nan, b], [nan, b]):  # a NaN error is never hidden by a later finite one
+        m = worst_of_seeds(order)
+        assert m.rel_l2["o"] != m.rel_l2["o"] and m.worst_seed["o"] == order.index(nan)
     m = worst_of_seeds([a, c])
     assert m.status == "INCORRECT" and m.reason == "o rel-L2 0.5" and m.nonfinite == {"o": 2}
