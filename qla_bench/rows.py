@@ -180,7 +180,7 @@ def rows_to_frame(rows: Iterable[Row]):
     records = []
     for r in rows:
         d = r.to_dict()
-        for group in ("rel_l2", "max_abs", "nonfinite"):
+        for group in ("rel_l2", "max_abs", "nonfinite", "worst_seed"):
             for name, val in d.pop(group).items():
                 d[f"{group}.{name}"] = val
         d["seqlens"] = "+".join(str(x) for x in r.seqlens)

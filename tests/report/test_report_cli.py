@@ -122,6 +122,7 @@ def test_report_export_csv_and_parquet(tmp_path):
         median_ms=1.5,
         samples_ms=[1.4, 1.5, 1.6],
         rel_l2={"o": 0.003},
+        worst_seed={"o": 12},
         gpu="CPU",
     )
     append_row(rows_file, row)
@@ -141,6 +142,7 @@ def test_report_export_csv_and_parquet(tmp_path):
     assert res.exit_code == 0, res.output
     for df in (pd.read_csv(tmp_path / "rows.csv"), pd.read_parquet(tmp_path / "rows.parquet")):
         assert df.loc[0, "rel_l2.o"] == 0.003 and df.loc[0, "seqlens"] == "64+1" and df.loc[0, "median_ms"] == 1.5
+        assert df.loc[0, "worst_seed.o"] == 12
     bad = CliRunner().invoke(
         app, ["report", str(rows_file), "--out", str(tmp_path / "rep"), "--export", str(tmp_path / "rows.xlsx")]
     )
