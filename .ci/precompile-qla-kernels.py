@@ -25,7 +25,7 @@ SCALE = HEAD_DIM**-0.5
 
 def variants() -> list[tuple[str, str, tuple]]:
     """(label, factory, args) for what the forward and backward APIs and the GPU tests launch in bf16."""
-    from qla_kernels.gdn.api import KKT_IMPLS
+    from qla_kernels.gdn.api import KKT_IMPLS, agb_kkt_args
     from qla_kernels.gdn.bwd_api import GRADS_FLAGS
 
     out: list[tuple[str, str, tuple]] = []
@@ -42,8 +42,7 @@ def variants() -> list[tuple[str, str, tuple]]:
         args[4] = True
         out.append((f"kkt {impl} profile bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *args)))
     for dt in ("bfloat16", "float16"):  # stage 1 for ws10 (api._kkt_kernel with emit_agb)
-        flags = tuple(KKT_IMPLS["v4"][1]) + (False,) * (8 - len(KKT_IMPLS["v4"][1]))
-        out.append((f"kkt v4 agb {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *flags, True)))
+        out.append((f"kkt v4 agb {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *agb_kkt_args("v4"))))
     for rev in (4, 5, 6, 7, 8):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):

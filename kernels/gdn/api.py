@@ -162,19 +162,26 @@ def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first:
 _V3_FLAGS = 8
 
 
+def agb_kkt_args(impl: str) -> tuple:
+    """kkt_solve_v3_program's positional arguments after (dk, dtype) for impl with emit_agb on (v3 family with
+    the lean scatter only: AGB_KKT_IMPLS); a ValueError naming the choices for any other impl."""
+    version, extra = KKT_IMPLS[impl]
+    if version != "v3" or len(extra) < 6 or not extra[5]:
+        raise ValueError(f"kkt_impl must be one of {list(AGB_KKT_IMPLS)} with an emit_agb fused kernel "
+                         f"({list(AGB_IMPLS)}), got {impl!r}")
+    return tuple(extra) + (False,) * (_V3_FLAGS - len(extra)) + (True,)
+
+
 @functools.cache
 def _kkt_kernel(impl: str, dt: str, emit_agb: bool = False):
-    """The launcher of a kkt_solve kernel, memoised. emit_agb (v3 family with the lean scatter only: v3s,
-    v4, v5) writes Gamma o A0 diag(beta) instead of A0, for the AGB_IMPLS fused kernels."""
+    """The launcher of a kkt_solve kernel, memoised. emit_agb (agb_kkt_args) writes Gamma o A0 diag(beta)
+    instead of A0, for the AGB_IMPLS fused kernels."""
     version, extra = KKT_IMPLS[impl]
     if emit_agb:
-        if version != "v3" or len(extra) < 6 or not extra[5]:
-            raise ValueError(f"kkt_impl must be one of {list(AGB_KKT_IMPLS)} with an emit_agb fused kernel "
-                             f"({list(AGB_IMPLS)}), got {impl!r}")
+        args = agb_kkt_args(impl)
         from .fwd.kkt_solve_v3 import kkt_solve_v3_kernel
 
-        flags = tuple(extra) + (False,) * (_V3_FLAGS - len(extra))
-        return launcher(kkt_solve_v3_kernel(HEAD_DIM, dt, *flags, True))
+        return launcher(kkt_solve_v3_kernel(HEAD_DIM, dt, *args))
     if version == "v2":
         from .fwd.kkt_solve import kkt_solve_kernel
 

@@ -110,11 +110,10 @@ def test_kkt_solve_v3_hoisted_compiles():
 def test_kkt_solve_v4_emit_ab_compiles(dtype):
     # ws10's stage 1: v4 writing Gamma o A0 diag(beta) in A0's place; held to v4's budget (80 registers for
     # six CTAs/SM, v4's 38.8 KiB of shared memory)
-    from qla_kernels.gdn.api import KKT_IMPLS
+    from qla_kernels.gdn.api import agb_kkt_args
     from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program
 
-    flags = tuple(KKT_IMPLS["v4"][1]) + (False,) * (8 - len(KKT_IMPLS["v4"][1]))
-    rep = build_sm90a(kkt_solve_v3_program(128, dtype, *flags, True), PASS_CONFIGS)
+    rep = build_sm90a(kkt_solve_v3_program(128, dtype, *agb_kkt_args("v4")), PASS_CONFIGS)
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert rep.registers <= 65536 // (128 * 6), rep.line()
     assert 0 < rep.dyn_smem_bytes <= 38.8 * 1024, rep.line()
