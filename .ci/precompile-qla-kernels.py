@@ -43,13 +43,13 @@ def variants() -> list[tuple[str, str, tuple]]:
         out.append((f"kkt {impl} profile bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *args)))
     for dt in ("bfloat16", "float16"):  # stage 1 for ws10 (api._kkt_kernel with emit_agb)
         out.append((f"kkt v4 agb {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *agb_kkt_args("v4"))))
-    for rev in (4, 5, 6, 7, 8):
+    for rev in (4, 5, 6, 7, 8, 9):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):
                 args = (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, rev)
                 out.append((f"ws rev{rev} bv{bv} h0={use_h0}", "fused_fwd_ws_kernel", args))
-    for rev in (7, 8):
-        for use_h0 in (True, False):  # the fp16 forward tests run ws10 and ws11 at 128
+    for rev in (7, 8, 9):
+        for use_h0 in (True, False):  # the fp16 forward tests run ws10 to ws12 at 128
             out.append((f"ws rev{rev} float16 bv128 h0={use_h0}", "fused_fwd_ws_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "float16", use_h0, False, 128, False, rev)))  # fmt: skip
     for dt, use_h0, v_first in (("bfloat16", True, False), ("bfloat16", False, False), ("bfloat16", True, True),
@@ -62,7 +62,7 @@ def variants() -> list[tuple[str, str, tuple]]:
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, True, True, lean)))  # fmt: skip
     for use_h0 in (True, False):  # CP's one-kernel combine (api._combine_kernel)
         out.append((f"cp combine h0={use_h0}", "cp_combine_kernel", (HEAD_DIM, HEAD_DIM, 64, use_h0)))
-    for rev in (5, 7, 8):
+    for rev in (5, 7, 8, 9):
         for bv in (128, 64, 32):
             out.append((f"ws rev{rev} state pass bv{bv}", "fused_fwd_ws_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, False, bv, False, rev, True)))  # fmt: skip
@@ -70,7 +70,7 @@ def variants() -> list[tuple[str, str, tuple]]:
         for use_h0 in (True, False):  # bwd_api.chunk_states with $QLA_BWD_STATES=ws5
             out.append((f"ws rev5 state store bv{bv} h0={use_h0}", "fused_fwd_ws_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, 5, False, True)))  # fmt: skip
-    for rev, bv in ((r, b) for r in (4, 5, 7, 8) for b in (128, 32)):  # test_profile_phases's builds
+    for rev, bv in ((r, b) for r in (4, 5, 7, 8, 9) for b in (128, 32)):  # test_profile_phases's builds
         out.append((f"ws rev{rev} profile bv{bv}", "fused_fwd_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, bv, True, rev)))  # fmt: skip
     for bv in (128, 64, 32):

@@ -87,12 +87,13 @@ DEFAULT_KKT_IMPL = "v4"
 # configs; errors at FLA's level, not below: its one-token final state was 1.16x FLA's on one edge config, over issue
 # 4's 1.1x bound, so auto keeps ws6). It has no A0 for a backward: the autograd forward (need_a0=True) runs ws6 in its
 # place.
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "auto")
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "auto")
 # fused_fwd_ws.py's revisions behind the names; "ws11" (rev 8: ws10 with Agb's diagonal, a token's own beta, taken
-# unrounded in both of WG1's products) is prepared, not yet run on a GPU (session 12)
-WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8}
+# unrounded in both of WG1's products; H200, session 13: every edge config at or below 1.01x FLA's error, but 0.957x
+# ws10's speed); "ws12" (rev 9: ws11 with WG1's two state-free GEMMs under one wait and the diagonal fix between them)
+WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8, "ws12": 9}
 # fused implementations that take stage 1's emit_agb output instead of A0
-AGB_IMPLS = ("ws10", "ws11")
+AGB_IMPLS = ("ws10", "ws11", "ws12")
 # what runs instead of an AGB_IMPLS kernel when the caller needs A0 (the autograd forward)
 A0_FALLBACK_IMPL = "ws6"
 TRANSPOSED_STATE_IMPLS = ("ws7", "ws8", "ws9")

@@ -65,7 +65,8 @@ def test_kkt_solve_v3_compiles(dtype, precise, min_blocks):
 @pytest.mark.parametrize(
     ("rev", "block_v", "profile"),
     [(4, 128, False), (5, 128, False), (5, 64, False), (5, 32, False), (5, 128, True), (6, 32, False),
-     (7, 128, False), (7, 64, False), (7, 32, False), (7, 128, True), (8, 128, False), (8, 32, False)],
+     (7, 128, False), (7, 64, False), (7, 32, False), (7, 128, True), (8, 128, False), (8, 32, False),
+     (9, 128, False), (9, 32, False)],
 )
 def test_fused_fwd_ws_compiles(rev, block_v, profile):
     from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
@@ -130,7 +131,7 @@ def test_cp_combine_kernel_compiles(use_h0):
     assert "mma_sync" in rep.source  # the 3xTF32 products on tensor cores
 
 
-@pytest.mark.parametrize(("block_v", "rev"), [(128, 5), (64, 5), (128, 7), (32, 7), (128, 8)])
+@pytest.mark.parametrize(("block_v", "rev"), [(128, 5), (64, 5), (128, 7), (32, 7), (128, 8), (128, 9)])
 def test_cp_state_pass_compiles(block_v, rev):
     from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
 

@@ -50,6 +50,8 @@ NREG_LOAD = 24
 # (and spilled at 160/152); 176/136 builds without either
 NREG_DELTA_REV7 = 176
 NREG_OUT_REV7 = 136
+# rev 9: U's and -Wk's accumulators are live together under one wait; at 176 ptxas spilled (4 B at BV = 128)
+NREG_DELTA_REV9 = 184
 
 # The CP state pass skips a piece's transition M (writes zeros) when the piece's summed log decay is at most
 # this: exp(-30) ~ 1e-13 of the incoming state, below fp32 resolution.
@@ -91,10 +93,17 @@ PHASES_REV7 = (
      "gemm Pg Vnew", "O -> o_sh, TMA store"),
 )
 
+# rev 9 (ws12): WG1's two state-free GEMMs and the diagonal fix end at one wait (phase 2); phase 3 is empty
+PHASES_REV9 = (
+    PHASES[0],
+    PHASES_REV7[1][:2] + ("-Agb D, gemms Wk + Agb V, U fix", "(in phase 2)") + PHASES_REV7[1][4:],
+    PHASES_REV7[2],
+)
+
 
 def phases(rev: int) -> tuple[tuple[str, ...], ...]:
     """Names of the profile build's phases per consumer warpgroup, for kernel revision rev."""
-    return PHASES_REV7 if rev >= 7 else PHASES_REV5 if rev >= 5 else PHASES
+    return PHASES_REV9 if rev >= 9 else PHASES_REV7 if rev >= 7 else PHASES_REV5 if rev >= 5 else PHASES
 
 
 NUM_PHASES = max(len(p) for p in PHASES)
@@ -164,21 +173,31 @@ def fused_fwd_ws_program(
     0.86x FLA's final-state error against rev 7's 1.07x; the pass should fit in WG1's ~1.1 K cycles of
     waiting per chunk at BV = 128 (rev 7's profile).
 
+    rev=9 (fused impl "ws12") is rev 8 with WG1's two state-free products issued together: -Wk's GEMM goes out
+    asynchronously (T.wgmma_gemm), the diagonal fix (beta_i - bf(beta_i)) V_i is written into U's accumulator
+    while the tensor cores run it, U's GEMM accumulates onto that, and one wait covers both. Rev 8 waited
+    after each GEMM and ran the fix pass after U's, all before WG1 can take the state (H200, session 13: rev 8
+    read 1-8 % slower than rev 7 over the timed configs and 0.957x its speed over qwen35-fwd).
+
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
     """
     C = CHUNK
-    assert rev in (4, 5, 6, 7, 8)
+    assert rev in (4, 5, 6, 7, 8, 9)
     v5 = rev >= 5
     beta_in_w = rev == 6
     ab = rev >= 7
     diag_fix = rev >= 8
+    async_prep = rev >= 9  # WG1's -Wk and U GEMMs under one wait, the diagonal fix between them
     assert dv % block_v == 0 and block_v in (32, 64, 128)
     assert not state_pass or (v5 and not beta_in_w and not profile and not state_v_first and dk == dv)
     assert not store_states or (v5 and not ab and not profile and not state_pass and not state_v_first)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
     assert NREG_STATE + NREG_DELTA_REV7 + NREG_OUT_REV7 + NREG_LOAD <= 512
+    assert NREG_STATE + NREG_DELTA_REV9 + NREG_OUT_REV7 + NREG_LOAD <= 512
     nreg_delta, nreg_out = (NREG_DELTA_REV7, NREG_OUT_REV7) if rev >= 7 else (NREG_DELTA, NREG_OUT)
+    if rev >= 9:
+        nreg_delta = NREG_DELTA_REV9
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
     nv = dv // block_v * (2 if state_pass else 1)  # V-slices per (sequence, head) in the grid
@@ -374,11 +393,24 @@ def fused_fwd_ws_program(
                         else:
                             for i, j in T.Parallel(C, C):
                                 agd[i, j] = T.cast(-T.cast(agd[i, j], acc) * d1_sh[st, j], dtype)
-                        T.gemm(agd, k_sh[st, :, :], wk, clear_accum=True)
-                        T.copy(wk, wkb)
-                        tick(clk, spent, 2)
-                        T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
-                        if diag_fix:  # the diagonal's share of U with beta unrounded: U_i += (beta_i - bf(beta_i)) V_i
+                        if async_prep:
+                            T.wgmma_gemm(agd, k_sh[st, :, :], wk, clear_accum=True)
+                            # the diagonal's share of U with beta unrounded, under -Wk's GEMM; U's GEMM adds onto it
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = rb_sh[st, i] * T.cast(v_sh[st, i, j], acc)
+                            T.wgmma_gemm(a_sh[st, :, :], v_sh[st, :, :], u)
+                            T.wait_wgmma(0)
+                            # no read of either accumulator moves above the wait (counts: 32-bit registers per thread)
+                            T.warpgroup_fence_operand(wk, 0, C * dk // WG)
+                            T.warpgroup_fence_operand(u, 0, C * block_v // WG)
+                            T.copy(wk, wkb)
+                            tick(clk, spent, 2)
+                        else:
+                            T.gemm(agd, k_sh[st, :, :], wk, clear_accum=True)
+                            T.copy(wk, wkb)
+                            tick(clk, spent, 2)
+                            T.gemm(a_sh[st, :, :], v_sh[st, :, :], u, clear_accum=True)
+                        if diag_fix and not async_prep:  # the diagonal's share of U with beta unrounded
                             for i, j in T.Parallel(C, block_v):
                                 u[i, j] = u[i, j] + rb_sh[st, i] * T.cast(v_sh[st, i, j], acc)
                         if state_pass:  # the transition slices run with V = 0
