@@ -98,7 +98,8 @@ def test_combine_kernel_matches_the_host_walk():
 
 
 @pytest.mark.parametrize(
-    ("combine_impl", "impl"), [("views", "ws5"), ("kernel", "ws5"), ("kernel", "ws10"), ("kernel", "ws11"), ("kernel", "ws12")]
+    ("combine_impl", "impl"),
+    [("views", "ws5"), ("kernel", "ws5"), ("kernel", "ws10"), ("kernel", "ws11"), ("kernel", "ws12")],
 )
 @pytest.mark.parametrize("name", list(CASES))
 def test_cp_forward_matches_reference(name, combine_impl, impl, monkeypatch):
