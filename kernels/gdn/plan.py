@@ -128,7 +128,7 @@ def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
 # fused_fwd_ws7.py keeps S^T [BV, K] as a wgmma accumulator of one warpgroup, whose M is 64
 WS7_BLOCK_V = 64
 
-WS_IMPL = "ws6"
+WS_IMPL = "ws12"
 
 
 def choose_fused(num_seqs: int, h_v: int, num_sms: int = 132) -> tuple[str, int]:
@@ -138,6 +138,9 @@ def choose_fused(num_seqs: int, h_v: int, num_sms: int = 132) -> tuple[str, int]
     on those configs and a smaller error (NOTES.md, session 7), so `auto` runs ws6 and only picks its slice
     width. ws10 (rev 7: stage 1 hands over Gamma o A0 diag(beta), the state chain is one GEMM) is 1.04-1.05x
     ws6's speed over qwen35-fwd on the H200 with the same best widths, but its one-token final state was 1.16x
-    FLA's error on one edge config (issue 4 bounds it at 1.1x), so it is not auto's kernel (NOTES.md,
-    session 12)."""
+    FLA's error on one edge config (issue 4 bounds it at 1.1x). ws12 (rev 9: ws10 with a token's own beta
+    unrounded on Agb's diagonal, the fix written under WG1's asynchronous GEMMs) is auto's kernel since
+    session 13: on the H200 1.026x ws6's speed over qwen35-fwd (faster on 154 of 171 configs; ws10 is 1.023x
+    faster still) with every edge config at or below 1.011x FLA's error (o) and 0.952x (final state), and
+    the same best widths as ws6 and ws10. It has no A0: the autograd forward runs ws6 (api.A0_FALLBACK_IMPL)."""
     return WS_IMPL, choose_block_v_ws(num_seqs, h_v, num_sms)

@@ -46,7 +46,8 @@ def make_inputs(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> dict:
 
 def run_once(mode: str, x: dict) -> None:
     """The forward, and for mode "bwd" the backward from the forward's own outputs."""
-    fwd = chunk_gated_delta_rule_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=x["cu"])
+    fwd = chunk_gated_delta_rule_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=x["cu"],
+                                     need_a0=mode == "bwd")  # inference runs auto's kernel, which forms no A0
     if mode == "bwd":
         chunk_gated_delta_rule_bwd(x["q"], x["k"], x["v"], fwd.g_cumsum, x["beta"], fwd.a0, x["do"], cu_seqlens=x["cu"])
 

@@ -55,7 +55,8 @@ def test_modes_and_flags(monkeypatch):
     assert b.modes == ("fwd", "bwd", "train")
     flags = b.env_flags()
     assert "TileLang" in flags["qla_bwd"]
-    assert flags["qla_fused"] == "auto (ws6, V-slice by config)" and flags["qla_kkt"] == "v4"
+    assert flags["qla_fused"] == "auto (ws12, V-slice by config); ws6 where a backward follows"
+    assert flags["qla_kkt"] == "v4"
     monkeypatch.setenv("QLA_FUSED_IMPL", "ws10")  # no A0: bwd and train rows say their forward ran ws6
     assert QlaBackend().env_flags()["qla_fused"] == "ws10; ws6 where a backward follows"
     assert flags["qla_cp"] == "on (combine: kernel)"

@@ -93,11 +93,12 @@ PHASES_REV7 = (
      "gemm Pg Vnew", "O -> o_sh, TMA store"),
 )
 
-# rev 9 (ws12): WG1's two state-free GEMMs and the diagonal fix end at one wait (phase 2); phase 3 is empty
+# rev 9 (ws12): WG1's two state-free GEMMs and the diagonal fix end at one wait (phase 2); phase 3 is empty;
+# WG2's O store (1.0-1.5 K cycles of a ~4.6 K step at BV = 128, session 12) is split into its four steps
 PHASES_REV9 = (
     PHASES[0],
     PHASES_REV7[1][:2] + ("-Agb D, gemms Wk + Agb V, U fix", "(in phase 2)") + PHASES_REV7[1][4:],
-    PHASES_REV7[2],
+    PHASES_REV7[2][:9] + ("O: wait o_sh stage, sync", "O -> o_sh", "O: fence, sync", "O: TMA store issue"),
 )
 
 
@@ -106,7 +107,7 @@ def phases(rev: int) -> tuple[tuple[str, ...], ...]:
     return PHASES_REV9 if rev >= 9 else PHASES_REV7 if rev >= 7 else PHASES_REV5 if rev >= 5 else PHASES
 
 
-NUM_PHASES = max(len(p) for p in PHASES)
+NUM_PHASES = max(len(p) for table in (PHASES, PHASES_REV5, PHASES_REV7, PHASES_REV9) for p in table)
 
 
 def fused_fwd_ws_program(
@@ -611,9 +612,15 @@ def fused_fwd_ws_program(
                             if t0 + C <= end:
                                 T.tma_store_wait(1)  # the store of chunk c - 2 (the same stage) has read o_sh[st]
                                 T.sync_threads(2, WG)
+                                if async_prep:
+                                    tick(clk, spent, 9)
                                 T.copy(ob, o_sh[st, :, :])
+                                if async_prep:
+                                    tick(clk, spent, 10)
                                 T.fence_proxy_async()
                                 T.sync_threads(2, WG)
+                                if async_prep:
+                                    tick(clk, spent, 11)
                                 T.tma_copy(o_sh[st, :, :], o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
                             else:
                                 for i, j in T.Parallel(C, block_v):
@@ -633,7 +640,7 @@ def fused_fwd_ws_program(
                             for i, j in T.Parallel(C, block_v):
                                 if t0 + i < end:
                                     o[0, t0 + i, bh, v0 + j] = T.cast(ob[i, j], dtype)
-                        tick(clk, spent, 9)
+                        tick(clk, spent, 12 if async_prep else 9)
                 if v5 and not state_pass:
                     T.tma_store_wait(0, False)  # every O store has landed before the CTA exits
                 if profile and tx == 2 * WG:
