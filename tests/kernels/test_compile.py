@@ -83,6 +83,10 @@ def test_fused_fwd_ws_compiles(rev, block_v, profile):
         assert "clock64" in rep.source
     if rev >= 7:
         assert "wgmma_rs" in rep.source, "rev 7's chain GEMM takes -Wk as wgmma's register operand"
+    if rev >= 9:
+        assert "wait_wgmma<0>" in rep.source, "rev 9 waits once for -Wk's and U's GEMMs"
+        for stage in ("o_sh0", "o_sh1"):  # O's staging by stmatrix, not 4-byte stores (session 13)
+            assert f"ptx_stmatrix_m8n8_x4((&(((bfloat16_t*){stage})" in rep.source, stage
 
 
 @pytest.mark.parametrize(("use_h0", "overlap"), [(True, False), (False, False), (True, True)])

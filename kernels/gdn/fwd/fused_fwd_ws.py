@@ -94,10 +94,12 @@ PHASES_REV7 = (
 )
 
 # rev 9 (ws12): WG1's two state-free GEMMs and the diagonal fix end at one wait (phase 2); phase 3 is empty;
-# WG2's O store (1.0-1.5 K cycles of a ~4.6 K step at BV = 128, session 12) is split into its four steps
+# WG1 stores Vd (what WG0 waits for) before Vnew; WG2's O store (1.0-1.5 K cycles of a ~4.6 K step at BV = 128,
+# session 12) is split into its four steps
 PHASES_REV9 = (
     PHASES[0],
-    PHASES_REV7[1][:2] + ("-Agb D, gemms Wk + Agb V, U fix", "(in phase 2)") + PHASES_REV7[1][4:],
+    PHASES_REV7[1][:2] + ("-Agb D, gemms Wk + Agb V, U fix", "(in phase 2)", "wait s_ready", "gemm Wk S",
+                          "Vd copy, arrive vd_ready", "wait ag_ready", "Vnew copy, arrive vn_ready, empty"),
     PHASES_REV7[2][:9] + ("O: wait o_sh stage, sync", "O -> o_sh", "O: fence, sync", "O: TMA store issue"),
 )
 
@@ -276,7 +278,10 @@ def fused_fwd_ws_program(
             vd_sh = T.alloc_shared((C, block_v), dtype)
             vn_sh = T.alloc_shared((C, block_v), dtype)
             p_sh = T.alloc_shared((C, C), dtype)
-            if ab:  # two stages: chunk c's TMA store may still read one while chunk c + 1 fills the other
+            if async_prep:  # rev 9: the two stages as two 2-D buffers, which TileLang fills by stmatrix
+                o_sh0 = T.alloc_shared((C, block_v), dtype)
+                o_sh1 = T.alloc_shared((C, block_v), dtype)
+            elif ab:  # two stages: chunk c's TMA store may still read one while chunk c + 1 fills the other
                 o_sh = T.alloc_shared((2, C, block_v), dtype)
             elif v5:
                 o_sh = T.alloc_shared((C, block_v), dtype)
@@ -369,6 +374,8 @@ def fused_fwd_ws_program(
                     wk = T.alloc_fragment((C, dk), acc)  # -Wk = -Agb D K
                     wkb = T.alloc_fragment((C, dk), dtype)  # -Wk in bf16: the register operand of the chain's GEMM
                     u = T.alloc_fragment((C, block_v), acc)  # U, then Vnew
+                    if async_prep:
+                        ud = T.alloc_fragment((C, block_v), acc)  # Vd = D_r Vnew, stored ahead of Vnew (rev 9)
                     for c in T.serial(n_chunks):
                         st = c % 2
                         t0 = start + c * C
@@ -422,16 +429,31 @@ def fused_fwd_ws_program(
                         tick(clk, spent, 4)
                         T.gemm(wkb, s_sh, u)
                         tick(clk, spent, 5)
-                        T.barrier_wait(ag_ready, c % 2)  # WG2 has read vn_sh for chunk c - 1
-                        tick(clk, spent, 6)
-                        if not state_pass:  # nobody reads Vnew in the state pass
-                            T.copy(u, vn_sh)
-                        for i, j in T.Parallel(C, block_v):
-                            u[i, j] = u[i, j] * dr1_sh[st, i]
-                        T.copy(u, vd_sh)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(vd_ready)
-                        tick(clk, spent, 7)
+                        if async_prep:
+                            # Vd first: WG0's state update waits on it, WG2's Vnew read does not hold up the
+                            # chain (WG0 read vd_sh(c - 1) before it published this chunk's state)
+                            for i, j in T.Parallel(C, block_v):
+                                ud[i, j] = u[i, j] * dr1_sh[st, i]
+                            T.copy(ud, vd_sh)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(vd_ready)
+                            tick(clk, spent, 6)
+                            T.barrier_wait(ag_ready, c % 2)  # WG2 has read vn_sh for chunk c - 1
+                            tick(clk, spent, 7)
+                            if not state_pass:  # nobody reads Vnew in the state pass
+                                T.copy(u, vn_sh)
+                                T.fence_proxy_async()
+                        else:
+                            T.barrier_wait(ag_ready, c % 2)  # WG2 has read vn_sh for chunk c - 1
+                            tick(clk, spent, 6)
+                            if not state_pass:  # nobody reads Vnew in the state pass
+                                T.copy(u, vn_sh)
+                            for i, j in T.Parallel(C, block_v):
+                                u[i, j] = u[i, j] * dr1_sh[st, i]
+                            T.copy(u, vd_sh)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(vd_ready)
+                            tick(clk, spent, 7)
                         T.barrier_arrive(vn_ready)
                         T.barrier_arrive(empty[st])
                         tick(clk, spent, 8)
@@ -613,15 +635,27 @@ def fused_fwd_ws_program(
                                 T.tma_store_wait(1)  # the store of chunk c - 2 (the same stage) has read o_sh[st]
                                 T.sync_threads(2, WG)
                                 if async_prep:
+                                    # a stage slice of one 3-D buffer was filled by 4-byte stores (32 per thread at
+                                    # BV = 128: ~1.1 K cycles per chunk behind the busy shared-memory pipe, session
+                                    # 13's profile); a 2-D buffer gets stmatrix, 8 per thread
                                     tick(clk, spent, 9)
-                                T.copy(ob, o_sh[st, :, :])
-                                if async_prep:
+                                    if st == 0:
+                                        T.copy(ob, o_sh0)
+                                    else:
+                                        T.copy(ob, o_sh1)
                                     tick(clk, spent, 10)
-                                T.fence_proxy_async()
-                                T.sync_threads(2, WG)
-                                if async_prep:
+                                    T.fence_proxy_async()
+                                    T.sync_threads(2, WG)
                                     tick(clk, spent, 11)
-                                T.tma_copy(o_sh[st, :, :], o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
+                                    if st == 0:
+                                        T.tma_copy(o_sh0, o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
+                                    else:
+                                        T.tma_copy(o_sh1, o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
+                                else:
+                                    T.copy(ob, o_sh[st, :, :])
+                                    T.fence_proxy_async()
+                                    T.sync_threads(2, WG)
+                                    T.tma_copy(o_sh[st, :, :], o[0, t0 : t0 + C, bh, v0 : v0 + block_v])
                             else:
                                 for i, j in T.Parallel(C, block_v):
                                     if t0 + i < end:
