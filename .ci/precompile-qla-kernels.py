@@ -41,8 +41,9 @@ def variants() -> list[tuple[str, str, tuple]]:
         args = list(KKT_IMPLS[impl][1]) + [False] * (8 - len(KKT_IMPLS[impl][1]))
         args[4] = True
         out.append((f"kkt {impl} profile bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *args)))
-    for dt in ("bfloat16", "float16"):  # stage 1 for ws10 (api._kkt_kernel with emit_agb)
+    for dt in ("bfloat16", "float16"):  # stage 1 for ws10-ws12 (api._kkt_kernel with emit_agb)
         out.append((f"kkt v4 agb {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *agb_kkt_args("v4"))))
+    out.append(("kkt v4t agb bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *agb_kkt_args("v4t"))))
     for rev in (4, 5, 6, 7, 8, 9):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):

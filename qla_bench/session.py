@@ -196,6 +196,22 @@ class BackendSession:
             raise RuntimeError(f"{self.backend.name} is not CUDA-graph capturable")
         return time_callable(fn, timer, reps, self.device, flusher).samples_ms
 
+    def kernels(self, calls: int, warmup: int = 3) -> list[dict]:
+        """Per kernel of one call of the prepared backend: launches and device us (kernel_profile), with the
+        L2 flushed between calls when the session runs cold."""
+        if self.prepared is None:
+            raise RuntimeError("kernels() before a passing setup()")
+        if self.device.type != "cuda":
+            raise RuntimeError("kernel profiles need a CUDA device (torch.profiler's CUDA activities)")
+        from .kernel_profile import profile_calls
+
+        flush = None
+        if self.cold_l2:
+            if self._flusher is None:
+                self._flusher = L2Flusher(self.device)
+            flush = self._flusher
+        return [k.as_dict() for k in profile_calls(self.prepared.run, calls, flush, warmup)]
+
     def teardown(self) -> None:
         self.prepared = None
         _free(self.device)

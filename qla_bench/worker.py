@@ -49,6 +49,8 @@ def _worker_main(conn: Connection, backend: str, device: str, tolerance: str, co
                 result = asdict(session.setup(*args))
             elif cmd == "sample":
                 result = session.sample(*args)
+            elif cmd == "kernels":
+                result = session.kernels(*args)
             elif cmd == "teardown":
                 result = session.teardown()
             else:
@@ -201,6 +203,9 @@ class IsolatedSession:
 
     def sample(self, timer: str, reps: int) -> list[float]:
         return self._request("sample", timer, reps)
+
+    def kernels(self, calls: int) -> list[dict]:
+        return self._request("kernels", calls)
 
     def teardown(self) -> None:
         with contextlib.suppress(WorkerFailure, RuntimeError):

@@ -42,6 +42,11 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     # v3h with the lean scatter of L (the profile's 11 K of 27 K cycles), without and with the TMA K load
     "v3s": ("v3", (True, 6, False, True, False, True)),
     "v4": ("v3", (True, 6, False, True, False, True, True)),
+    # v4 with one tf32 product per block product instead of three (FlashQLA's stage 1 takes one tf32 pass for
+    # its 32 -> 64 step; FLA's solve_tril is ieee fp32 by default): v3-tf32 was 0.83x v3's time (session 2), its
+    # A0 8-18 % further from float64 after the bf16 cast. Prepared in session 14 (no GPU): adopt it only if the
+    # edge check keeps o and the final state within issue 4's 1.1x FLA's error.
+    "v4t": ("v3", (False, 6, False, True, False, True, True)),
     # v4 with L's first 16 rows dropped (L00 parked inside): six CTAs per SM instead of five
     "v5": ("v3", (True, 6, False, True, False, True, True, True)),
     # v4 built with TileLang's aggressive shared-memory merge (34.5 KiB instead of 38.8; session 8). On the
@@ -70,7 +75,7 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
     "v9b": ("v9", (True,)),  # v9 with a register-held g cumsum and X11 stored transposed (vector loads)
 }
 # the stage-1 implementations that can write emit_agb's output (the v3 family with the lean scatter of L)
-AGB_KKT_IMPLS = ("v3s", "v4", "v5")
+AGB_KKT_IMPLS = ("v3s", "v4", "v4t", "v5")
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
 
@@ -78,19 +83,22 @@ DEFAULT_KKT_IMPL = "v4"
 # output path concurrent (fused_fwd_ws.py, rev 4); "ws5" its rev 5 (codegen fixes found by the profile build; fastest on
 # every config measured on the H200); "ws6" ws5 with beta applied to W before its rounding instead of to Ag (on the
 # H200: ws5's speed, and an error at or below FLA's on every edge case, where ws5's one-token final state was 1.14-1.25x
-# FLA's); "auto" (plan.choose_fused) runs ws6 with the V-slice width for the config; "ws7" keeps the state transposed in
-# one warpgroup's registers so the whole state chain runs there (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7
+# FLA's); "auto" (plan.choose_fused) runs ws12 (below; ws6 where A0 is needed) with the V-slice width for the
+# config; "ws7" keeps the state transposed in one warpgroup's registers so the whole state chain runs there
+# (fused_fwd_ws7.py, 64-wide V-slices only); "ws8" is ws7
 # with the chain's first GEMMs asynchronous under its state publish and decay; "ws9" is ws8 with a leaner prep warpgroup
 # (Kb's gate factor per row, no negation pass); "ws10" is rev 7 of the warp-specialised kernel: stage 1 hands it Gamma o
 # A0 diag(beta) (kkt_solve_v3's emit_agb) instead of A0, so the state chain is one GEMM, Vnew = U - Wk S, with U and Wk
 # formed ahead of the state (on the H200, session 12: 1.04-1.05x ws6's speed over qwen35-fwd, faster on 161-166 of 171
 # configs; errors at FLA's level, not below: its one-token final state was 1.16x FLA's on one edge config, over issue
-# 4's 1.1x bound, so auto keeps ws6). It has no A0 for a backward: the autograd forward (need_a0=True) runs ws6 in its
-# place.
+# 4's 1.1x bound, so auto kept ws6 until ws12). It has no A0 for a backward: the autograd forward (need_a0=True) runs
+# ws6 in its place.
 FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "auto")
 # fused_fwd_ws.py's revisions behind the names; "ws11" (rev 8: ws10 with Agb's diagonal, a token's own beta, taken
 # unrounded in both of WG1's products; H200, session 13: every edge config at or below 1.01x FLA's error, but 0.957x
-# ws10's speed); "ws12" (rev 9: ws11 with WG1's two state-free GEMMs under one wait and the diagonal fix between them)
+# ws10's speed); "ws12" (rev 9: ws11 with WG1's two state-free GEMMs under one wait and the diagonal fix between them,
+# O staged for its TMA store by stmatrix; H200, session 13: ws11's errors, 1.026x ws6's speed over qwen35-fwd before
+# the stmatrix change, 0.98-1.01x ws10's per config after it; auto's kernel)
 WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8, "ws12": 9}
 # fused implementations that take stage 1's emit_agb output instead of A0
 AGB_IMPLS = ("ws10", "ws11", "ws12")

@@ -12,7 +12,9 @@ inputs and prints each one's mean relative L2 error:
 - ws10-exact-u: rev 7 with stage 1's Gamma o A0 (1 at T = 1) and beta applied in fp32, U = beta v exactly (its
   operand split hi + lo), Wk = bf(bf(beta e^g) k) (built and measured in session 12, commit 91ac1a6: 1.27x slower);
 - ws11 (rev 8): rev 7 with Agb's diagonal (beta) unrounded in both products: U = beta v, Wk = bf(bf(beta e^g) k),
-  the same roundings as ws10-exact-u at T = 1 (in longer chunks only the diagonal is exact).
+  the same roundings as ws10-exact-u at T = 1 (in longer chunks only the diagonal is exact). ws12 (rev 9, auto's
+  kernel since session 13) rounds exactly as ws11 (it only reorders WG1's work), so "ws11" stands for both; the
+  H200 edge check read both at <= 1.011x FLA's error on o and <= 0.952x on the final state (session 13).
 Rounding beta on its own puts one relative error into a token's whole update, which no sum averages out.
 
     python -m qla_kernels.gdn.rounding_study [TRIALS]

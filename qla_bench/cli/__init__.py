@@ -6,7 +6,7 @@ import importlib
 
 from .app import app, main
 
-_COMMAND_MODULES = ("run_cmds", "info_cmds", "report_cmd", "gate_cmds", "noise_cmd")
+_COMMAND_MODULES = ("run_cmds", "info_cmds", "report_cmd", "gate_cmds", "noise_cmd", "kernels_cmd")
 _registered = False
 
 

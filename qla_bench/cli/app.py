@@ -1,6 +1,6 @@
 """The Typer app and main(): the only place that knows about terminals, exit codes and argv.
 
-Command modules (run_cmds, info_cmds, report_cmd, gate_cmds) register their commands on `app`.
+Command modules (run_cmds, info_cmds, report_cmd, gate_cmds, noise_cmd, kernels_cmd) register their commands on `app`.
 main() maps known exceptions to one clean error line and an exit code (3 usage, 2 numerics).
 """
 

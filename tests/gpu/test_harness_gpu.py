@@ -43,6 +43,32 @@ def test_timers_measure_real_work():
     assert abs(sorted(graph)[len(graph) // 2] - med) / med < 0.25
 
 
+def test_kernel_profile_sees_the_work_and_not_the_flush():
+    from qla_bench.kernel_profile import cuda_activities, profile_calls, short_name
+
+    dev = torch.device("cuda")
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    flusher = L2Flusher(dev)
+    rows = profile_calls(lambda: a @ a, 10, flusher)
+    flush_names = {short_name(n) for n, _ in cuda_activities(flusher, 2)}
+    assert flush_names and not flush_names & {r.name for r in rows}, (flush_names, rows)
+    assert rows[0].launches_per_call == 1 and rows[0].share > 0.9, rows
+    med = sorted(time_callable(lambda: a @ a, "cuda-events", 20, dev, flusher).samples_ms)[10]
+    assert 0.5 < sum(r.us_per_call for r in rows) / (med * 1e3) < 1.2  # device time within the event time
+
+
+def test_kernel_profile_of_the_qla_forward_names_its_two_stages():
+    from qla_bench.session import BackendSession
+
+    wl = Workload(HeadConfig(2, 8), (1000, 3096))
+    session = BackendSession("qla", "cuda")
+    if session.availability():
+        pytest.skip(f"qla unavailable: {session.availability()}")
+    assert session.setup(wl, "fwd", wl.seed()).status == "PASSED"
+    names = [k["name"] for k in session.kernels(5)]
+    assert any("kkt_solve" in n for n in names) and any("fused_fwd_ws" in n for n in names), names
+
+
 def test_calibration_is_plausible():
     c = measure_ceilings("test", copy_bytes=1 << 30, n=4096, reps=5)
     assert 50 < c.matmul_tflops < 2000 and 500 < c.copy_gbps < 10000

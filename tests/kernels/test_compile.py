@@ -111,18 +111,21 @@ def test_kkt_solve_v3_hoisted_compiles():
     assert rep.registers <= 65536 // (128 * 6), rep.line()
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_kkt_solve_v4_emit_ab_compiles(dtype):
-    # ws10's stage 1: v4 writing Gamma o A0 diag(beta) in A0's place; held to v4's budget (80 registers for
-    # six CTAs/SM, v4's 38.8 KiB of shared memory)
+@pytest.mark.parametrize(("impl", "dtype"), [("v4", "bfloat16"), ("v4", "float16"), ("v4t", "bfloat16")])
+def test_kkt_solve_v4_emit_ab_compiles(impl, dtype):
+    # ws10-ws12's stage 1: v4 (v4t: one tf32 product per block product) writing Gamma o A0 diag(beta) in A0's
+    # place; held to v4's budget (80 registers for six CTAs/SM, v4's 38.8 KiB of shared memory)
     from qla_kernels.gdn.api import agb_kkt_args
     from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program
 
-    rep = build_sm90a(kkt_solve_v3_program(128, dtype, *agb_kkt_args("v4")), PASS_CONFIGS)
+    rep = build_sm90a(kkt_solve_v3_program(128, dtype, *agb_kkt_args(impl)), PASS_CONFIGS)
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert rep.registers <= 65536 // (128 * 6), rep.line()
     assert 0 < rep.dyn_smem_bytes <= 38.8 * 1024, rep.line()
     assert "exp2" in rep.source, "Gamma should be applied in the kernel"
+    # the four block products lower to 12 tf32 mma_sync call sites per pass; v4 runs three passes (3xTF32),
+    # v4t one
+    assert rep.source.count("kTensorFloat32") == (36 if impl == "v4" else 12), rep.line()
 
 
 @pytest.mark.parametrize("use_h0", [True, False])

@@ -58,6 +58,11 @@ def kernels():
         kkt_solve_v3_program(128, "float32", True, cpu_debug=True, hoist_index=True, lean_scatter=True, fold_l00=True),
         target="c", pass_configs=cfg,
     )  # fmt: skip
+    # v4t: v4 with one tf32 product per block product (precise=False)
+    built["lean_tf32"] = tilelang.compile(
+        kkt_solve_v3_program(128, "float32", False, cpu_debug=True, hoist_index=True, lean_scatter=True),
+        target="c", pass_configs=cfg,
+    )  # fmt: skip
     # the ws10 forward's stage 1 (kkt v4 with emit_agb): Gamma o A0 diag(beta) instead of A0
     built["agb"] = tilelang.compile(
         kkt_solve_v3_program(128, "float32", True, cpu_debug=True, hoist_index=True, lean_scatter=True, emit_agb=True),
@@ -145,6 +150,8 @@ def test_v3_program_on_cpu_matches_float64(kernels, cu, h_qk, h_v):
     assert torch.equal(gch, gc) and torch.equal(a0h, a0)  # hoisting the indices changes no value
     gcl, a0l = run(kernels["lean"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
     assert torch.equal(gcl, gc) and torch.equal(a0l, a0)  # the same products from L in one buffer
+    gct, a0t = run(kernels["lean_tf32"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
+    assert torch.equal(gct, gc) and torch.equal(a0t, a01)  # v4t: v3-tf32's products, read from L
     gcf, a0f = run(kernels["fold"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)
     assert torch.equal(gcf, gc) and torch.equal(a0f, a0)  # the same values, L stored folded
     gca, agb = run(kernels["agb"], k, g, beta, plan.cu_seqlens, plan.chunk_indices)

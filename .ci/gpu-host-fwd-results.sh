@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the H200 host, from the repository root, after `source .ci/gpu-host-setup.sh`: the forward's committed
+# measurements at this commit, each step under its own time limit so a slow step cannot eat the call:
+#   1. qwen35-fwd, qla only, CUDA events (~65 s with the TileLang cache carried),
+#   2. the edge-case numerics check, qla against FLA (~160 s: FLA autotunes each shape on a cold host),
+#   3. qwen35-fwd, qla only, CUDA graphs (~130-150 s), with whatever time is left.
+# The baselines' rows are already in results/H200/qwen35-fwd-fwd.jsonl (they do not change with our commits).
+#   bash .ci/gpu-host-fwd-results.sh [SECONDS_TOTAL]      (default 560)
+# Logs and rows go to $OUT (or ./fwd-results without $OUT), named fwd-<step>.*; append the rows to
+# results/H200/qwen35-fwd-fwd.jsonl and results/H200/numerics/edge-check-fwd.jsonl after reading them.
+# A variant under evaluation runs the same way with its switch set (QLA_KKT_IMPL=v4t bash ...): rows record
+# the QLA_* variables, and such rows belong under results/H200/dev/, not in the main files.
+set -u
+total=${1:-560}
+dest=${OUT:-./fwd-results}
+mkdir -p "$dest"
+t0=$(date +%s)
+left() { echo $(( total - ($(date +%s) - t0) )); }
+
+step() {  # step NAME LIMIT ROWS-FILE CLI-ARGS...: run the CLI, then copy its rows back even when it was killed
+  local name=$1 limit=$2 rows=$3; shift 3
+  local budget; budget=$(left)
+  (( budget < limit )) && limit=$budget
+  if (( limit < 30 )); then echo "skip $name: out of time"; return; fi
+  timeout -s KILL "$limit" python cli.py "$@" > "$dest/fwd-$name.log" 2>&1
+  echo "$name rc=$? t=$(( $(date +%s) - t0 )) s" | tee -a "$dest/fwd-$name.log"
+  [ -f "$rows" ] && cp "$rows" "$dest/fwd-$name.jsonl"
+}
+
+# rows record the commit: the host's copy of the tree has no .git, so take .gpuhost/sha (written before the call)
+if [ -z "${QLA_GIT_SHA:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1 && [ -f .gpuhost/sha ]; then
+  export QLA_GIT_SHA; QLA_GIT_SHA=$(cat .gpuhost/sha)
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$dest/fwd-gpu.txt" 2>&1
+echo "commit ${QLA_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null)}; QLA_* $(env | grep '^QLA_' | tr '\n' ' ')" \
+  >> "$dest/fwd-gpu.txt"
+step events 130 /tmp/fwd-events/qwen35-fwd-fwd.jsonl \
+  fwd --gpu H200 --sweep qwen35-fwd --backends qla --timers events --out /tmp/fwd-events --no-report
+step edge 220 /tmp/fwd-edge/numerics/check-fwd.jsonl \
+  check --gpu H200 --sweep edge --backends qla,fla --out /tmp/fwd-edge
+step graph 200 /tmp/fwd-graph/qwen35-fwd-fwd.jsonl \
+  fwd --gpu H200 --sweep qwen35-fwd --backends qla --timers graph --out /tmp/fwd-graph --no-report
