@@ -127,3 +127,51 @@ def test_tf32_round_is_nearest():
     assert r[1].item() == 1.0 + 2**-9
     assert abs(r[2].item() + 3.0) < 2**-8
     assert torch.equal(tf32_round(r), r)
+
+
+def chunked_forward(q, k, v, g, beta, a0_of, round_agb: bool):
+    """float64 chunked GDN forward (chunks of 64, zero initial state) taking each chunk's A0 from a0_of(k, beta);
+    with round_agb, Gamma o A0 diag(beta) is rounded to bf16 as stage 1 stores it for ws10-ws12. -> (o, state)"""
+    scale = 128**-0.5
+    s = torch.zeros(128, 128, dtype=torch.float64)
+    out = []
+    for c0 in range(0, q.shape[0], C):
+        sl = slice(c0, c0 + C)
+        kc, vc, qc, bc = k[sl].double(), v[sl].double(), q[sl].double(), beta[sl].double()
+        gc = torch.cumsum(g[sl].double(), 0)
+        gam = torch.tril(torch.exp(torch.tril(gc[:, None] - gc[None, :])))
+        agb = gam * a0_of(k[sl], beta[sl]).double() * bc[None, :]
+        if round_agb:
+            agb = agb.to(torch.bfloat16).double()
+        d = torch.exp(gc)
+        vnew = agb @ vc - agb @ (d[:, None] * kc) @ s
+        p = torch.tril((qc @ kc.T) * gam) * scale
+        out.append(scale * (qc * d[:, None]) @ s + p @ vnew)
+        s = torch.exp(gc[-1]) * s + kc.T @ (torch.exp(gc[-1] - gc)[:, None] * vnew)
+    return torch.cat(out), s
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_tf32_product_barely_moves_the_forward(seed):
+    """kkt v4t (one tf32 product per block product, session 14) against v4 (3xTF32), on correlated keys: the
+    error v4t's A0 puts into o and the final state is a fraction of what rounding Agb to bf16 (which every
+    ws10-ws12 forward does) puts there, so the forward's error moves by a few percent at most (here <= 3 %;
+    the kernels' other bf16 roundings dilute it further). The H200 edge check is the judge."""
+    gen = torch.Generator().manual_seed(seed)
+    t = 4 * C
+    q = F.normalize(torch.randn(t, 128, generator=gen), dim=-1).to(torch.bfloat16).float()
+    k = F.normalize(torch.randn(t, 128, generator=gen) + 1.5 * torch.randn(1, 128, generator=gen), dim=-1)
+    k = k.to(torch.bfloat16).float()
+    v = torch.randn(t, 128, generator=gen).to(torch.bfloat16).float()
+    g = F.logsigmoid(torch.randn(t, generator=gen)) / 16
+    beta = torch.sigmoid(torch.randn(t, generator=gen))
+    ex_o, ex_s = chunked_forward(q, k, v, g, beta, exact_inverse, False)
+    errs = {}
+    for name, precise in (("v4", True), ("v4t", False)):
+        for rounded in (False, True):
+            o, s = chunked_forward(q, k, v, g, beta, lambda kc, bc, p=precise: emulate_kkt_v3(kc, bc, p), rounded)
+            errs[name, rounded] = (rel(o, ex_o), rel(s, ex_s))
+    assert max(errs["v4", False]) < 1e-6  # 3xTF32: the forward of the exact inverse
+    for i in (0, 1):  # o, final state
+        assert errs["v4t", False][i] < 0.3 * errs["v4", True][i], errs  # small beside Agb's bf16 rounding
+        assert errs["v4t", True][i] <= 1.03 * errs["v4", True][i], errs
