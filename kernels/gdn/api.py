@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .checks import HEAD_DIM, check_fwd_args, check_kkt_args
-from .cp_plan import CPPlan, plan_cp
+from .cp_plan import CPPlan, plan_block_v, plan_cp
 from .plan import (
     BLOCK_V_CHOICES,
     CHUNK,
@@ -312,29 +312,30 @@ def chunk_gated_delta_rule_fwd(
     nsm = _num_sms(q.device)
     cpp = _cp_plan(plan, h_v, nsm, cp, cp_piece) if not state_v_first else None
 
-    def run_fused(cu: torch.Tensor, n: int, h0_: torch.Tensor, use_h0_: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_fused(cu: torch.Tensor, n: int, h0_: torch.Tensor, use_h0_: bool,
+                  planned_bv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """planned_bv: the cost model's width for these sequences or pieces (cp_plan.best_block_v)."""
         o_ = torch.empty_like(vf)
         ht_ = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
         f, bv = fimpl, block_v
         if f == "auto":
-            f, planned_bv = choose_fused(n, h_v, nsm)
-            bv = planned_bv if bv is None else bv
+            f = choose_fused(n, h_v, nsm)[0]
         if f in TRANSPOSED_STATE_IMPLS:
             bv = WS7_BLOCK_V  # its chain's M: the only width it has
         if bv is None:
-            bv = (choose_block_v if f == "v2" else choose_block_v_ws)(n, h_v, nsm)  # ws, ws5: one rule
+            bv = choose_block_v(n, h_v, nsm) if f == "v2" else planned_bv  # every ws revision: one rule
         _fused_kernel(f, scale, dt, use_h0_, state_v_first, bv)(qf, kf, vf, g_cumsum, bf, a0, h0_, cu, o_, ht_)
         return o_, ht_
 
     if cpp is None:
-        o, ht = run_fused(plan.cu_seqlens, plan.num_seqs, h0, use_h0)
+        o, ht = run_fused(plan.cu_seqlens, plan.num_seqs, h0, use_h0, plan_block_v(plan, h_v, nsm))
     else:
         from .cp import run_cp
 
         o, ht = run_cp(cpp, initial_state if use_h0 else None,
                        state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm,
                                            WS_REVS[fimpl_name] if emit_agb else 5),
-                       lambda cu, init: run_fused(cu, cpp.num_pieces, init, True),
+                       lambda cu, init: run_fused(cu, cpp.num_pieces, init, True, cpp.decision.block_v),
                        _combine_kernel if resolve_cp_combine() == "kernel" else None)
     if emit_agb:
         a0 = None

@@ -81,6 +81,12 @@ class CPHeuristics:
     # None: plan for the worst case (heads that do not decay need the whole previous piece exactly).
     # An int n: assume gate-driven warm-up over the previous piece's last n chunks is enough.
     assumed_warmup_chunks: int | None = None
+    # The fused walk's V-slice width: plan.choose_block_v_ws's count rule (one wave of CTAs) unless the
+    # model prices another width this much faster for the actual sequence lengths. The count rule assumes
+    # sequences of one length; on a ragged mix the long sequences' CTAs set the time while the short ones
+    # leave SMs idle, and a narrower slice (shorter step, more CTAs) fills them (session 14, best_block_v).
+    # 1.0 keeps the count rule (what stage 0 of the backward runs, bwd_cp_plan).
+    width_margin: float = 0.05
 
     def step_us(self, block_v: int) -> float:
         return dict(self.fused_step_us)[block_v]
@@ -134,15 +140,28 @@ def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeur
     return makespan(runs, num_sms * h.fused_ctas_per_sm)
 
 
+def best_block_v(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS,
+                 setup_us: float = 0.0) -> tuple[float, int]:
+    """(predicted time, V-slice width) of the fused walk over sequences (or pieces) of `chunks` chunks: the
+    count rule's width (plan.choose_block_v_ws) unless another of h.block_vs is predicted faster by more
+    than h.width_margin. On equal lengths the two agree (one wave at the narrowest width that fits it); on
+    a ragged mix, e.g. 16/48 4096+28672, the 448-chunk sequence's CTAs set the time and a narrower slice
+    shortens their walk (1344 -> 896 us at BV 128 -> 64)."""
+    count_bv = choose_block_v_ws(len(chunks), h_v, num_sms)
+    count = (_fused_us(chunks, h_v, count_bv, num_sms, h, setup_us), count_bv)
+    fastest = min((_fused_us(chunks, h_v, bv, num_sms, h, setup_us), bv) for bv in h.block_vs)
+    return fastest if fastest[0] < count[0] * (1.0 - h.width_margin) else count
+
+
 def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
                h: CPHeuristics = DEFAULT_HEURISTICS) -> tuple[float, int]:
     """(predicted time, V-slice width of the fused walk) for piece length `piece` (None: no CP). The
-    widths are the api's own (plan.choose_block_v_ws), so the model prices what would run."""
+    widths are the api's own (best_block_v; the api runs the decision's width), so the model prices what
+    would run."""
     pieces = [p for c in chunks for p in split_counts(c, piece)]
-    bv = choose_block_v_ws(len(pieces), h_v, num_sms)
     if piece is None or len(pieces) == len(chunks):
-        return _fused_us(pieces, h_v, bv, num_sms, h), bv
-    fused = _fused_us(pieces, h_v, bv, num_sms, h, setup_us=h.piece_setup_us)
+        return best_block_v(pieces, h_v, num_sms, h)
+    fused, bv = best_block_v(pieces, h_v, num_sms, h, setup_us=h.piece_setup_us)
     bv_sp = choose_block_v_ws(2 * len(pieces), h_v, num_sms)
     warm = pieces if h.assumed_warmup_chunks is None else [min(p, h.assumed_warmup_chunks) for p in pieces]
     ways = 128 // bv_sp
@@ -308,8 +327,21 @@ def plan_cp(
     never a host sync. piece_chunks forces pieces of that many chunks instead of the cost model's choice."""
 
     def build(chunks: list[int], cu: tuple[int, ...]) -> CPPlan:
-        decision = (CPDecision(piece_chunks, 64, 0.0, 0.0) if piece_chunks is not None
-                    else choose_cp(chunks, h_v, num_sms, h))
+        if piece_chunks is not None:
+            t, bv = predict_us(chunks, h_v, num_sms, piece_chunks, h)
+            decision = CPDecision(piece_chunks, bv, t, predict_us(chunks, h_v, num_sms, None, h)[0])
+        else:
+            decision = choose_cp(chunks, h_v, num_sms, h)
         return build_cp_plan(cu, decision, chunk_plan.cu_seqlens.device)
 
     return _plans.get(chunk_plan, (h_v, num_sms, h, piece_chunks), build)
+
+
+_widths = PerPlanCache()
+
+
+def plan_block_v(chunk_plan: ChunkPlan, h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS) -> int:
+    """The fused walk's V-slice width over the plan's own sequences (no CP), best_block_v's choice, cached
+    per plan like plan_cp: no host sync."""
+    return _widths.get(chunk_plan, ("width", h_v, num_sms, h),
+                       lambda chunks, cu: best_block_v(chunks, h_v, num_sms, h)[1])

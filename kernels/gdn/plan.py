@@ -117,7 +117,9 @@ def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
     """V-slice width of the warp-specialised fused kernel (one CTA per SM). Measured on the H200 with
     rev 5 (NOTES.md, v5): the narrowest slice whose CTAs (one per sequence x head x slice) still fit in
     one wave wins, since the chunk walk is serial and a narrower slice shortens each step more than it
-    costs in repeated Q K^T, Gamma and A0 work; with more pairs than SMs, BV = 128."""
+    costs in repeated Q K^T, Gamma and A0 work; with more pairs than SMs, BV = 128. It counts sequences, not
+    their lengths: the forward runs cp_plan.best_block_v, which starts from this width and leaves it where
+    the cost model prices another one faster for the actual lengths (ragged mixes, session 14)."""
     pairs = num_seqs * h_v
     for bv in (32, 64):
         if pairs * (HEAD_DIM // bv) <= num_sms:

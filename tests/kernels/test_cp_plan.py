@@ -1,6 +1,7 @@
 """Context-parallel planning (CPU): the split, the cost-model decision, FlashQLA's rule, caching."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -9,15 +10,17 @@ from qla_kernels.gdn.cp_plan import (
     DEFAULT_HEURISTICS,
     CPDecision,
     CPHeuristics,
+    best_block_v,
     build_cp_plan,
     choose_cp,
     flashqla_rule,
     makespan,
+    plan_block_v,
     plan_cp,
     predict_us,
     split_counts,
 )
-from qla_kernels.gdn.plan import build_plan_from_list, plan_fixed, plan_varlen
+from qla_kernels.gdn.plan import build_plan_from_list, choose_block_v_ws, plan_fixed, plan_varlen
 
 
 def test_makespan_list_scheduling():
@@ -64,6 +67,9 @@ CP_MIX_MS = {
     (64, (32768,)): (1.5831, 2.7160, 2.3761, 2.2035, 2.2235),
 }
 PIECES = (16, 32, 64, 128)
+# those runs took the count rule's V-slice widths (plan.choose_block_v_ws): the model is compared with them
+# under the same widths (width_margin=1 never leaves the count rule)
+COUNT_RULE = CPHeuristics(width_margin=1.0)
 
 
 def _chunks(lens):
@@ -76,11 +82,11 @@ def test_cp_change_reproduces_the_h200_mix_timings():
     sequence mixes at 32 and 128 chunks: +75 us predicted, +10 measured). Session 9's numbers gave 169 us."""
     errors = []
     for (h_v, lens), (no_cp, *with_cp) in CP_MIX_MS.items():
-        base, _ = predict_us(_chunks(lens), h_v, 132, None)
+        base, _ = predict_us(_chunks(lens), h_v, 132, None, COUNT_RULE)
         for piece, ms in zip(PIECES, with_cp):
             if ms is None:
                 continue
-            t, _ = predict_us(_chunks(lens), h_v, 132, piece)
+            t, _ = predict_us(_chunks(lens), h_v, 132, piece, COUNT_RULE)
             errors.append((t - base) - 1000 * (ms - no_cp))
             assert abs(errors[-1]) < 90, (h_v, lens, piece, t - base, ms - no_cp)
     assert (sum(e * e for e in errors) / len(errors)) ** 0.5 < 30
@@ -93,7 +99,7 @@ def test_cp_decision_is_near_the_best_measured():
     regrets = []
     for (h_v, lens), times in CP_MIX_MS.items():
         measured = dict(zip((None, *PIECES), times))
-        choice = choose_cp(_chunks(lens), h_v, 132).piece_chunks
+        choice = choose_cp(_chunks(lens), h_v, 132, COUNT_RULE).piece_chunks
         regrets.append(measured[choice] / min(t for t in times if t is not None) - 1.0)
         assert regrets[-1] < 0.07, (h_v, lens, choice, measured[choice])
     assert sum(r == 0.0 for r in regrets) == len(regrets) - 1
@@ -176,3 +182,39 @@ def test_plan_cp_needs_host_offsets():
     plan = dataclasses.replace(build_plan_from_list([0, 10], "cpu"), cu_host=())
     with pytest.raises(ValueError, match="host offsets"):
         plan_cp(plan, 8, 132)
+
+
+def test_best_width_is_the_count_rule_on_equal_lengths():
+    """Sequences of one length: the count rule's width (one wave at the narrowest slice that fits) is what the
+    model prices fastest too, so best_block_v changes nothing the H200 measurements chose."""
+    for n, h_v, chunks in itertools.product((1, 2, 4, 8), (8, 16, 24, 32, 48, 64), (1, 16, 64, 128, 512)):
+        assert best_block_v([chunks] * n, h_v, 132)[1] == choose_block_v_ws(n, h_v, 132), (n, h_v, chunks)
+
+
+def test_best_width_on_ragged_mixes():
+    """A long and a short sequence: the long one's CTAs set the time; a narrower slice walks them faster and
+    the short ones fill the idle SMs. 16/48 4096+28672 (96 pairs: one wave at 128 by the count rule)."""
+    t, bv = best_block_v(_chunks((4096, 28672)), 48, 132)
+    t128, _ = predict_us(_chunks((4096, 28672)), 48, 132, None, COUNT_RULE)
+    assert bv == 64 and t < 0.7 * t128  # 896 against 1344 us
+    assert best_block_v(_chunks((4096, 28672)), 48, 132, COUNT_RULE)[1] == 128
+    # within the margin the count rule stays: 16/48 8192x4 prices 64 and 128 equal (768 us)
+    assert best_block_v([128] * 4, 48, 132)[1] == 128
+    # so the CP decision compares CP with the better plain walk: 16/48 4096+28672 no longer splits
+    d = choose_cp(_chunks((4096, 28672)), 48, 132)
+    assert d.piece_chunks is None and d.block_v == 64 and d.baseline_us == t
+
+
+def test_plan_block_v_is_cached_per_plan():
+    plan = build_plan_from_list([0, 4096, 4096 + 28672], "cpu")
+    assert plan_block_v(plan, 48, 132) == 64 and plan_block_v(plan, 48, 132) == 64
+    assert plan_block_v(plan, 48, 132, COUNT_RULE) == 128
+    assert plan_block_v(build_plan_from_list([0, 8192], "cpu"), 8, 132) == choose_block_v_ws(1, 8, 132)
+
+
+def test_forced_pieces_get_a_priced_width():
+    """cp_piece (measurements) gets the model's width for its pieces, as the api runs it, not a placeholder."""
+    plan = build_plan_from_list([0, 32768], "cpu")
+    cpp = plan_cp(plan, 8, 132, piece_chunks=64)
+    t, bv = predict_us([512], 8, 132, 64)
+    assert cpp.decision.block_v == bv and cpp.decision.predicted_us == t
