@@ -173,6 +173,7 @@ def test_time_cp_mixes(gates):
 
     from qla_bench.inputs import make_gate
     from qla_kernels.gdn.api import _cp_plan, _num_sms, _plan
+    from qla_kernels.gdn.cp_plan import plan_block_v
 
     flusher = L2Flusher(torch.device("cuda"))
     rows = []
@@ -183,7 +184,9 @@ def test_time_cp_mixes(gates):
         cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
         cpp = _cp_plan(_plan(q, cu), h_v, _num_sms(q.device), True, None)
         row = {"h_qk": h_qk, "h_v": h_v, "seqs": "+".join(map(str, lens)), "gates": gates,
-               "model_piece": cpp.decision.piece_chunks if cpp else None}  # fmt: skip
+               "model_piece": cpp.decision.piece_chunks if cpp else None,
+               # the plain walk's width by the cost model for these lengths (session 14), checked below
+               "model_bv": plan_block_v(_plan(q, cu), h_v, _num_sms(q.device))}  # fmt: skip
 
         def timed(args=(q, k, v, g, beta), s0=s0, cu=cu, **kw):
             fn = lambda: chunk_gated_delta_rule_fwd(*args, initial_state=s0, cu_seqlens=cu, **kw)  # noqa: E731
@@ -191,11 +194,14 @@ def test_time_cp_mixes(gates):
 
         row["default"] = timed()
         row["no_cp"] = timed(cp=False)
+        for bv in (32, 64, 128):  # the plain walk at each width: does best_block_v pick the fastest?
+            row[f"no_cp_bv{bv}"] = timed(cp=False, block_v=bv)
         for piece in MIX_PIECES:
             row[f"cp{piece}"] = timed(cp=True, cp_piece=piece)
         rows.append(row)
-        print(f"[cp-mix-timing] {gates} gates {h_qk}/{h_v} {row['seqs']} model piece {row['model_piece']}: "
-              + " ".join(f"{c}={row[c]:.4f}" for c in row if c not in ("h_qk", "h_v", "seqs", "gates", "model_piece")),
+        labels = ("h_qk", "h_v", "seqs", "gates", "model_piece", "model_bv")
+        print(f"[cp-mix-timing] {gates} gates {h_qk}/{h_v} {row['seqs']} model piece {row['model_piece']} "
+              f"width {row['model_bv']}: " + " ".join(f"{c}={row[c]:.4f}" for c in row if c not in labels),
               flush=True)  # fmt: skip
     out_dir = os.environ.get("OUT") or "out"
     os.makedirs(out_dir, exist_ok=True)
