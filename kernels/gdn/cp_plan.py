@@ -107,13 +107,15 @@ class CPHeuristics:
 DEFAULT_HEURISTICS = CPHeuristics()
 
 
-def makespan(runs: list[tuple[float, int]], slots: int) -> float:
-    """Longest-first list scheduling of `count` CTAs of each `duration` on `slots` identical slots."""
+def makespan(runs: list[tuple[float, int]], slots: int, longest_first: bool = True) -> float:
+    """List scheduling of `count` CTAs of each `duration` on `slots` identical slots, each CTA on the slot that
+    frees first: longest first, or (longest_first=False) in the order of `runs`, which is how the GPU hands
+    out a grid's CTAs (by block index) when `runs` lists them in that order."""
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
     free = [(0.0, slots)]  # (time a group of slots becomes free, how many)
     end = 0.0
-    for duration, count in sorted(runs, key=lambda r: -r[0]):
+    for duration, count in sorted(runs, key=lambda r: -r[0]) if longest_first else runs:
         while count > 0:
             t, n = heapq.heappop(free)
             take = min(n, count)
@@ -135,9 +137,12 @@ def split_counts(chunks: int, piece: int | None) -> list[int]:
 
 def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics,
               setup_us: float = 0.0) -> float:
+    """The fused walk over `pieces` (sequences or CP pieces, in the grid's order: a piece's heads and V-slices
+    are consecutive blocks), its CTAs dispatched in block order: on 4096+28672 the short sequence's CTAs go
+    first, and with more CTAs than SMs some of the long walks start only when they finish."""
     ways = 128 // block_v
     runs = [(c * h.step_us(block_v) + setup_us, h_v * ways) for c in pieces]
-    return makespan(runs, num_sms * h.fused_ctas_per_sm)
+    return makespan(runs, num_sms * h.fused_ctas_per_sm, longest_first=False)
 
 
 def best_block_v(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS,

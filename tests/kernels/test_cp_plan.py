@@ -32,6 +32,14 @@ def test_makespan_list_scheduling():
         makespan([(1.0, 1)], 0)
 
 
+def test_makespan_in_block_order():
+    """longest_first=False schedules in the given order: a short CTA listed first delays the long ones."""
+    assert makespan([(1.0, 2), (10.0, 2)], 2, longest_first=False) == 11.0
+    assert makespan([(1.0, 2), (10.0, 2)], 2) == 11.0  # longest first: both long ones first, then the short
+    assert makespan([(1.0, 2), (10.0, 2)], 3, longest_first=False) == 11.0
+    assert makespan([(1.0, 2), (10.0, 2)], 3) == 10.0  # the spare slot takes both short ones
+
+
 def test_split_counts():
     assert split_counts(10, None) == [10]
     assert split_counts(10, 16) == [10]
@@ -193,10 +201,14 @@ def test_best_width_is_the_count_rule_on_equal_lengths():
 
 def test_best_width_on_ragged_mixes():
     """A long and a short sequence: the long one's CTAs set the time; a narrower slice walks them faster and
-    the short ones fill the idle SMs. 16/48 4096+28672 (96 pairs: one wave at 128 by the count rule)."""
-    t, bv = best_block_v(_chunks((4096, 28672)), 48, 132)
+    the short ones fill the idle SMs. 16/48 with 96 pairs: one wave at 128 by the count rule (1344 us). At 64
+    (192 CTAs), long first the short CTAs fill the 36 free SMs (896 us); short first, 60 long walks wait for
+    them (1024 us): the GPU hands out CTAs in block order."""
     t128, _ = predict_us(_chunks((4096, 28672)), 48, 132, None, COUNT_RULE)
-    assert bv == 64 and t < 0.7 * t128  # 896 against 1344 us
+    assert t128 == pytest.approx(448 * 3.0)
+    assert best_block_v(_chunks((28672, 4096)), 48, 132) == (pytest.approx(448 * 2.0), 64)
+    t, bv = best_block_v(_chunks((4096, 28672)), 48, 132)
+    assert bv == 64 and t == pytest.approx(64 * 2.0 + 448 * 2.0)
     assert best_block_v(_chunks((4096, 28672)), 48, 132, COUNT_RULE)[1] == 128
     # within the margin the count rule stays: 16/48 8192x4 prices 64 and 128 equal (768 us)
     assert best_block_v([128] * 4, 48, 132)[1] == 128
