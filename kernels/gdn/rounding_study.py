@@ -15,6 +15,8 @@ inputs and prints each one's mean relative L2 error:
   the same roundings as ws10-exact-u at T = 1 (in longer chunks only the diagonal is exact). ws12 (rev 9, auto's
   kernel since session 13) rounds exactly as ws11 (it only reorders WG1's work), so "ws11" stands for both; the
   H200 edge check read both at <= 1.011x FLA's error on o and <= 0.952x on the final state (session 13).
+- one-kernel (the single-kernel design of NOTES.md session 14, not built): W = k bf(S) in fp32, its operand
+  bf(e^g W), Agb's diagonal bf(beta), with and without the fp32 fix (beta - bf(beta)) (v - e^g W).
 Rounding beta on its own puts one relative error into a token's whole update, which no sum averages out.
 
     python -m qla_kernels.gdn.rounding_study [TRIALS]
@@ -64,6 +66,11 @@ def one_token_errors(seed: int, h_v: int = 8) -> dict[str, float]:
         # U's diagonal term bf(beta) v plus the fp32 fix (beta - bf(beta)) v; Wk's diagonal operand -beta e^g
         "ws11": update(_bf(_bf(beta)[:, None] * v + (beta - _bf(beta))[:, None] * v
                            - torch.einsum("hk,hkv->hv", _bf(_bf(beta * eg)[:, None] * k), _bf(s)))),
+        # the one-kernel design (NOTES.md session 14, not built): W = k bf(S) in fp32, its A operand bf(e^g W),
+        # Agb's diagonal bf(beta) in both products, the fix (beta - bf(beta)) (v - e^g W) in fp32, Vnew rounded
+        "one-kernel": update(_bf(_bf(beta)[:, None] * v - _bf(beta)[:, None] * _bf(eg[:, None] * ks)
+                                 + (beta - _bf(beta))[:, None] * (v - eg[:, None] * ks))),
+        "one-kernel-no-fix": update(_bf(_bf(beta)[:, None] * v - _bf(beta)[:, None] * _bf(eg[:, None] * ks))),
     }
     return {name: ((x - exact).norm() / exact.norm()).item() for name, x in variants.items()}
 
