@@ -58,6 +58,9 @@ def variants() -> list[tuple[str, str, tuple]]:
         for rev in (7, 8, 9):
             out.append((f"ws rev{rev} {dt} h0={use_h0} v_first={v_first}", "fused_fwd_ws7_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, v_first, rev >= 8, False, rev >= 9)))  # fmt: skip
+    for dt in ("bfloat16", "float16"):
+        for use_h0 in (True, False):  # vs1 (fused_fwd_vs.py), as the forward tests and sweeps launch it
+            out.append((f"vs1 {dt} h0={use_h0}", "fused_fwd_vs_kernel", (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0)))
     for lean in (False, True):  # profile builds (profile_fwd.profile_fused_ws7)
         out.append((f"ws rev{9 if lean else 8} profile", "fused_fwd_ws7_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, True, True, lean)))  # fmt: skip
@@ -124,6 +127,7 @@ def factory(name: str):
     from qla_kernels.gdn.fwd import (
         cp_combine,
         fused_fwd,
+        fused_fwd_vs,
         fused_fwd_ws,
         fused_fwd_ws7,
         kkt_solve,
@@ -134,7 +138,7 @@ def factory(name: str):
     )
 
     modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, fused_fwd_ws, fused_fwd_ws7,
-               fused_fwd, cp_combine, dstate_chain, chunk_grads, dvl_wk)  # fmt: skip
+               fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, dvl_wk)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)

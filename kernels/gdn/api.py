@@ -93,15 +93,22 @@ DEFAULT_KKT_IMPL = "v4"
 # configs; errors at FLA's level, not below: its one-token final state was 1.16x FLA's on one edge config, over issue
 # 4's 1.1x bound, so auto kept ws6 until ws12). It has no A0 for a backward: the autograd forward (need_a0=True) runs
 # ws6 in its place.
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "auto")
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "vs1", "auto")
 # fused_fwd_ws.py's revisions behind the names; "ws11" (rev 8: ws10 with Agb's diagonal, a token's own beta, taken
 # unrounded in both of WG1's products; H200, session 13: every edge config at or below 1.01x FLA's error, but 0.957x
 # ws10's speed); "ws12" (rev 9: ws11 with WG1's two state-free GEMMs under one wait and the diagonal fix between them,
 # O staged for its TMA store by stmatrix; H200, session 13: ws11's errors, 1.026x ws6's speed over qwen35-fwd before
 # the stmatrix change, 0.98-1.01x ws10's per config after it; auto's kernel)
 WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8, "ws12": 9}
+# "vs1" (fused_fwd_vs.py, session 14: prepared, compiled, never run on a GPU): the state split over two warpgroups
+# along V as S^T, every chain GEMM with the state as wgmma's register operand, a third warpgroup forming Pg; the
+# whole V per CTA (block_v 128 only), states [N,H_v,K,V] only; step 1 of NOTES.md's one-kernel design
+VS_IMPLS = ("vs1",)
+VS_BLOCK_V = 128
 # fused implementations that take stage 1's emit_agb output instead of A0
-AGB_IMPLS = ("ws10", "ws11", "ws12")
+AGB_IMPLS = ("ws10", "ws11", "ws12", "vs1")
+# the fused_fwd_ws revision whose CP state pass serves each AGB fused kernel (they take the same Agb)
+AGB_STATE_PASS_REV = {"ws10": 7, "ws11": 8, "ws12": 9, "vs1": 9}
 # what runs instead of an AGB_IMPLS kernel when the caller needs A0 (the autograd forward)
 A0_FALLBACK_IMPL = "ws6"
 TRANSPOSED_STATE_IMPLS = ("ws7", "ws8", "ws9")
@@ -151,6 +158,10 @@ def launcher(kernel):
 @functools.cache
 def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first: bool, block_v: int):
     """The launcher of a fused kernel, memoised (TileLang's own lookup cost ~2.5 us per call)."""
+    if impl in VS_IMPLS:
+        from .fwd.fused_fwd_vs import fused_fwd_vs_kernel
+
+        return launcher(fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0))
     if impl in TRANSPOSED_STATE_IMPLS:
         from .fwd.fused_fwd_ws7 import fused_fwd_ws7_kernel
 
@@ -291,6 +302,10 @@ def chunk_gated_delta_rule_fwd(
         raise ValueError(f"block_v must be one of {BLOCK_V_CHOICES}, got {block_v!r}")
     if fimpl in TRANSPOSED_STATE_IMPLS and block_v not in (None, WS7_BLOCK_V):
         raise ValueError(f"block_v must be {WS7_BLOCK_V} (or None) with fused_impl={fimpl!r}, got {block_v!r}")
+    if fimpl in VS_IMPLS and block_v not in (None, VS_BLOCK_V):
+        raise ValueError(f"block_v must be {VS_BLOCK_V} (or None) with fused_impl={fimpl!r}, got {block_v!r}")
+    if fimpl in VS_IMPLS and state_v_first:
+        raise ValueError(f"state_v_first=True is not supported with fused_impl={fimpl!r} (states [N,H_v,K,V] only)")
     if q.device.type != "cuda":
         raise ValueError(f"qla_kernels runs on CUDA (sm_90a) only; q is on {q.device}")
 
@@ -322,6 +337,8 @@ def chunk_gated_delta_rule_fwd(
             f = choose_fused(n, h_v, nsm)[0]
         if f in TRANSPOSED_STATE_IMPLS:
             bv = WS7_BLOCK_V  # its chain's M: the only width it has
+        if f in VS_IMPLS:
+            bv = VS_BLOCK_V  # one CTA holds the whole V
         if bv is None:
             bv = choose_block_v(n, h_v, nsm) if f == "v2" else planned_bv  # every ws revision: one rule
         _fused_kernel(f, scale, dt, use_h0_, state_v_first, bv)(qf, kf, vf, g_cumsum, bf, a0, h0_, cu, o_, ht_)
@@ -334,7 +351,7 @@ def chunk_gated_delta_rule_fwd(
 
         o, ht = run_cp(cpp, initial_state if use_h0 else None,
                        state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm,
-                                           WS_REVS[fimpl_name] if emit_agb else 5),
+                                           AGB_STATE_PASS_REV[fimpl_name] if emit_agb else 5),
                        lambda cu, init: run_fused(cu, cpp.num_pieces, init, True, cpp.decision.block_v),
                        _combine_kernel if resolve_cp_combine() == "kernel" else None)
     if emit_agb:

@@ -89,6 +89,29 @@ def test_fused_fwd_ws_compiles(rev, block_v, profile):
             assert f"ptx_stmatrix_m8n8_x4((&(((bfloat16_t*){stage})" in rep.source, stage
 
 
+@pytest.mark.parametrize("use_h0", [True, False])
+def test_fused_fwd_vs_compiles(use_h0):
+    """vs1 (session 14, not yet run on a GPU): both state warpgroups' five chain and output GEMMs take the state
+    or the new values as wgmma's register operand (4 rs of N = 64 and 1 of N = 128 each), V^T Agb^T reads V
+    transposed from shared memory, Q K^T is WG3's; 24 + 192 + 192 + 104 registers, nothing spilled or
+    serialised."""
+    from qla_kernels.gdn.fwd.fused_fwd_vs import PASS_CONFIGS, fused_fwd_vs_program
+
+    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", use_h0), PASS_CONFIGS)
+    rs64 = "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16"
+    rs128 = "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16"
+    ss_t = "wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16, true"
+    assert rep.source.count(rs64) == 8 and rep.source.count(rs128) == 2, rep.line()
+    assert rep.source.count(ss_t) == 2, "V^T Agb^T, V transposed from shared memory, once per state warpgroup"
+    assert rep.source.count("wait_wgmma<0>") == 4, "O1/W and Vnew's two GEMMs each under one wait, per warpgroup"
+    for n in ("warpgroup_reg_alloc<192>", "warpgroup_reg_dealloc<104>", "warpgroup_reg_dealloc<24>"):
+        assert rep.source.count(n) == (2 if n.endswith("<192>") else 1), n
+    assert "tma_store" in rep.source
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert not rep.wgmma_serialized, rep.line()
+
+
 @pytest.mark.parametrize(("use_h0", "overlap"), [(True, False), (False, False), (True, True)])
 def test_fused_fwd_ws7_compiles(use_h0, overlap):
     """Rev 7's chain GEMMs take the state and the new values from registers (wgmma's rs form); rev 8

@@ -1,0 +1,210 @@
+"""Fused forward with the state split over two warpgroups along V (FlashInfer's layout; step 1 of NOTES.md's
+one-kernel design, session 14). Prepared without a GPU: compiled for sm_90a here, never run.
+
+One CTA per (sequence or piece, value head) and the whole V = 128, 512 threads:
+- WG0, producer (24 registers): one warp loads Q, K, both halves of V and stage 1's Agb (TMA) and g_cumsum,
+  beta, two stages.
+- WG1, WG2, state (192 each): rows v0..v0+63 of V, S^T [64, K] fp32 as a wgmma accumulator. Per chunk, with
+  X = bf(S^T) as the register operand:
+      O1^T = X Q^T,  W^T = X K^T                       (m64n64k128)
+      Vnew^T = V^T Agb^T - (W^T D) Agb^T + fix         (V^T read transposed from shared memory; D = diag(e^g))
+      O^T = scale O1^T D + bf(Vnew^T) Pg^T
+      S^T = e^(g_last) S^T + bf(Vnew^T D_r) K          (D_r = diag(e^(g_last - g)), 0 past the sequence end)
+  fix = (beta_t - bf(beta_t)) (V - D W)[t]: Agb's diagonal is bf(beta); rounding_study's "one-kernel" order
+  (0.80x FLA's one-token state error with it, 1.03x without). O^T goes out through shared memory by TMA. The
+  state never leaves registers: no s_sh, vd_sh, vn_sh.
+- WG3, auxiliary (104): Pg = scale (Q K^T o Gamma), lower triangle with the diagonal, and the gate vectors,
+  per stage, for both state warpgroups. Step 2 of the design moves stage 1's inverse here.
+
+Same arguments as fused_fwd_ws's main build (a0 is stage 1's emit_agb output), so the api can run it as an
+AGB fused kernel ("vs1"). No profile, state-pass or state-store builds yet; states [N, H_v, K, V] only.
+"""
+
+import tilelang
+import tilelang.language as T
+
+CHUNK = 64
+LOG2E = 1.4426950408889634
+WG = 128
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+# setmaxnreg per warpgroup: 24 + 192 + 192 + 104 = 512 (the 64 K register file at 128 threads each). The
+# kernel compiles at 128 per thread (512 threads), so the state warpgroups increase and the others decrease.
+NREG_LOAD = 24
+NREG_STATE = 192
+NREG_AUX = 104
+
+
+def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial_state: bool):
+    """(q, k, v, g_cumsum, beta, agb, h0, cu_seqlens, o, ht) as fused_fwd_ws_program's main build."""
+    C = CHUNK
+    assert dk == 128 and dv == 128, "two state warpgroups of 64 rows of V, K = 128"
+    vh = dv // 2
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs")
+    nh0 = T.dynamic("num_h0")
+    acc = "float32"
+
+    @T.macro
+    def state_walk(q_sh, k_sh, v_sh, a_sh, p_sh, o_sh, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
+                   h0, o, ht, seq, bh, start, end, n_chunks, half, bar_id):  # fmt: skip
+        """One state warpgroup: rows half * 64 .. half * 64 + 63 of V."""
+        T.set_max_nreg(NREG_STATE, 1)
+        v0 = half * vh
+        s = T.alloc_fragment((vh, dk), acc)  # S^T
+        xb = T.alloc_fragment((vh, dk), dtype)  # bf(S^T): the register operand of the chunk's first GEMMs
+        o1 = T.alloc_fragment((vh, C), acc)  # O^T
+        w = T.alloc_fragment((vh, C), acc)  # W^T = S^T K^T
+        wb = T.alloc_fragment((vh, C), dtype)  # -(W^T D), rounded
+        vn = T.alloc_fragment((vh, C), acc)  # Vnew^T
+        vb = T.alloc_fragment((vh, C), dtype)  # bf(Vnew^T), then bf(Vnew^T D_r)
+        if use_initial_state:
+            for i, j in T.Parallel(vh, dk):
+                s[i, j] = h0[seq, bh, j, v0 + i]
+        else:
+            T.clear(s)
+        for c in T.serial(n_chunks):
+            st = c % 2
+            t0 = start + c * C
+            T.barrier_wait(full[st], (c // 2) % 2)
+            T.barrier_wait(aux_ready[st], (c // 2) % 2)
+            T.copy(s, xb)
+            # both first GEMMs in flight under one wait; no read of either accumulator moves above it
+            T.wgmma_gemm(xb, q_sh[st, :, :], o1, transpose_B=True, clear_accum=True)
+            T.wgmma_gemm(xb, k_sh[st, :, :], w, transpose_B=True, clear_accum=True)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(o1, 0, vh * C // WG)
+            T.warpgroup_fence_operand(w, 0, vh * C // WG)
+            for i, j in T.Parallel(vh, C):
+                o1[i, j] = o1[i, j] * e1_sh[st, j] * scale
+                wb[i, j] = T.cast(-w[i, j] * e1_sh[st, j], dtype)
+            # the diagonal's share with beta unrounded (its own rounding of W costs ~2^-9 of ~2^-9 beta)
+            for i, j in T.Parallel(vh, C):
+                vn[i, j] = rb_sh[st, j] * (T.cast(v_sh[st, j, i], acc) + T.cast(wb[i, j], acc))
+            T.wgmma_gemm(v_sh[st, :, :], a_sh[st, :, :], vn, transpose_A=True, transpose_B=True)
+            T.wgmma_gemm(wb, a_sh[st, :, :], vn, transpose_B=True)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(vn, 0, vh * C // WG)
+            T.copy(vn, vb)
+            T.gemm(vb, p_sh[st, :, :], o1, transpose_B=True)
+            for i, j in T.Parallel(vh, C):
+                vb[i, j] = T.cast(vn[i, j] * er_sh[st, j], dtype)
+            for i, j in T.Parallel(vh, dk):
+                s[i, j] = s[i, j] * gl_sh[st]
+            T.gemm(vb, k_sh[st, :, :], s)
+            T.barrier_arrive(empty[st])
+            if t0 + C <= end:
+                T.tma_store_wait()  # the previous chunk's store has read o_sh
+                T.sync_threads(bar_id, WG)
+                for i, j in T.Parallel(vh, C):
+                    o_sh[j, i] = T.cast(o1[i, j], dtype)
+                T.fence_proxy_async()
+                T.sync_threads(bar_id, WG)
+                T.tma_copy(o_sh, o[0, t0 : t0 + C, bh, v0 : v0 + vh])
+            else:
+                for i, j in T.Parallel(vh, C):
+                    if t0 + j < end:
+                        o[0, t0 + j, bh, v0 + i] = T.cast(o1[i, j], dtype)
+        T.tma_store_wait(0, False)  # every O store has landed before the CTA exits
+        for i, j in T.Parallel(vh, dk):
+            ht[seq, bh, j, v0 + i] = s[i, j]
+
+    @T.prim_func
+    def fused_fwd_vs(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        h0: T.Tensor((nh0, h_v, dk, dv), acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        o: T.Tensor((1, nt, h_v, dv), dtype),
+        ht: T.Tensor((ns, h_v, dk, dv), acc),
+    ):
+        with T.Kernel(ns * h_v, threads=4 * WG) as (bid,):
+            seq = T.alloc_var("int32", init=bid // h_v)
+            bh = T.alloc_var("int32", init=bid % h_v)
+            bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
+            start = T.alloc_var("int32", init=cu_seqlens[bid // h_v])
+            end = T.alloc_var("int32", init=cu_seqlens[bid // h_v + 1])
+            n_chunks = T.ceildiv(end - start, C)
+
+            q_sh = T.alloc_shared((2, C, dk), dtype)
+            k_sh = T.alloc_shared((2, C, dk), dtype)
+            v_sh0 = T.alloc_shared((2, C, vh), dtype)
+            v_sh1 = T.alloc_shared((2, C, vh), dtype)
+            a_sh = T.alloc_shared((2, C, C), dtype)  # Agb (stage 1)
+            p_sh = T.alloc_shared((2, C, C), dtype)  # Pg (WG3)
+            o_sh0 = T.alloc_shared((C, vh), dtype)
+            o_sh1 = T.alloc_shared((C, vh), dtype)
+            g_sh = T.alloc_shared((2, C), acc)
+            b_sh = T.alloc_shared((2, C), acc)
+            # WG3's gate vectors per stage: e^g, e^(g_last - g) (0 past the end), beta - bf(beta), e^(g_last)
+            e1_sh = T.alloc_shared((2, C), acc)
+            er_sh = T.alloc_shared((2, C), acc)
+            rb_sh = T.alloc_shared((2, C), acc)
+            gl_sh = T.alloc_shared((2,), acc)
+
+            full = T.alloc_barrier(arrive_count=[32, 32])
+            aux_ready = T.alloc_barrier(arrive_count=[WG, WG])
+            empty = T.alloc_barrier(arrive_count=[3 * WG, 3 * WG])
+
+            tx = T.get_thread_binding()
+            if tx < WG:
+                # ---- WG0: loads (one warp) ----
+                T.set_max_nreg(NREG_LOAD, 0)
+                if tx < 32:
+                    for c in T.serial(n_chunks):
+                        st = c % 2
+                        t0 = start + c * C
+                        if c >= 2:
+                            T.barrier_wait(empty[st], (c // 2 + 1) % 2)
+                        T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh[st, :, :], barrier=full[st])
+                        T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh[st, :, :], barrier=full[st])
+                        T.tma_copy(v[0, t0 : t0 + C, bh, 0:vh], v_sh0[st, :, :], barrier=full[st])
+                        T.tma_copy(v[0, t0 : t0 + C, bh, vh:dv], v_sh1[st, :, :], barrier=full[st])
+                        T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
+                        for i in T.Parallel(C):
+                            g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                            b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
+                        T.barrier_arrive(full[st])
+            elif tx < 2 * WG:
+                state_walk(q_sh, k_sh, v_sh0, a_sh, p_sh, o_sh0, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
+                           h0, o, ht, seq, bh, start, end, n_chunks, 0, 1)  # fmt: skip
+            elif tx < 3 * WG:
+                state_walk(q_sh, k_sh, v_sh1, a_sh, p_sh, o_sh1, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
+                           h0, o, ht, seq, bh, start, end, n_chunks, 1, 2)  # fmt: skip
+            else:
+                # ---- WG3: Pg and the gate vectors ----
+                T.set_max_nreg(NREG_AUX, 0)
+                p = T.alloc_fragment((C, C), acc)
+                for c in T.serial(n_chunks):
+                    st = c % 2
+                    t0 = start + c * C
+                    T.barrier_wait(full[st], (c // 2) % 2)
+                    T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, C):
+                        p[i, j] = T.if_then_else(
+                            i >= j, p[i, j] * T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E) * scale, 0.0
+                        )
+                    T.copy(p, p_sh[st, :, :])
+                    for i in T.Parallel(C):
+                        e1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
+                        er_sh[st, i] = T.if_then_else(
+                            t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
+                        )
+                        rb_sh[st, i] = b_sh[st, i] - T.cast(T.cast(b_sh[st, i], dtype), acc)
+                    if tx == 3 * WG:
+                        gl_sh[st] = T.exp2(g_sh[st, C - 1] * LOG2E)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(aux_ready[st])
+                    T.barrier_arrive(empty[st])
+
+    return fused_fwd_vs
+
+
+fused_fwd_vs_kernel = tilelang.jit(fused_fwd_vs_program, pass_configs=PASS_CONFIGS)
