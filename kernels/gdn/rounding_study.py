@@ -15,8 +15,9 @@ inputs and prints each one's mean relative L2 error:
   the same roundings as ws10-exact-u at T = 1 (in longer chunks only the diagonal is exact). ws12 (rev 9, auto's
   kernel since session 13) rounds exactly as ws11 (it only reorders WG1's work), so "ws11" stands for both; the
   H200 edge check read both at <= 1.011x FLA's error on o and <= 0.952x on the final state (session 13).
-- one-kernel (the single-kernel design of NOTES.md session 14, not built): W = k bf(S) in fp32, its operand
+- one-kernel (the single-kernel design of NOTES.md session 14; vs1 forms it): W = k bf(S) in fp32, its operand
   bf(e^g W), Agb's diagonal bf(beta), with and without the fp32 fix (beta - bf(beta)) (v - e^g W).
+chunk_errors() walks whole 64-token chunks with ws12's and vs1's roundings (o and the final state).
 Rounding beta on its own puts one relative error into a token's whole update, which no sum averages out.
 
     python -m qla_kernels.gdn.rounding_study [TRIALS]
@@ -73,6 +74,57 @@ def one_token_errors(seed: int, h_v: int = 8) -> dict[str, float]:
         "one-kernel-no-fix": update(_bf(_bf(beta)[:, None] * v - _bf(beta)[:, None] * _bf(eg[:, None] * ks))),
     }
     return {name: ((x - exact).norm() / exact.norm()).item() for name, x in variants.items()}
+
+
+def chunk_errors(seed: int, chunks: int = 4, correlated: bool = False) -> dict[str, tuple[float, float]]:
+    """(o, final state) relative L2 errors against float64 of a chunks x 64-token sequence (one head, zero initial
+    state, inverse exact), for ws12's roundings (as fused_fwd_ws rev 9 forms them) and vs1's (fused_fwd_vs.py):
+    whether moving the state into registers as S^T changes the error of a whole chunk walk, not only a token's."""
+    c, d = 64, HEAD_DIM
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    t = chunks * c
+    q = _bf(torch.nn.functional.normalize(randn(t, d), dim=-1))
+    k = _bf(torch.nn.functional.normalize(randn(t, d) + (1.5 * randn(1, d) if correlated else 0.0), dim=-1))
+    v = _bf(randn(t, d))
+    g = torch.nn.functional.logsigmoid(randn(t)) / 16
+    beta = torch.sigmoid(randn(t)).float().double()
+    scale = d**-0.5
+    out = {}
+    for name in ("exact", "ws12", "vs1"):
+        s = torch.zeros(d, d, dtype=torch.float64)
+        o = []
+        for c0 in range(0, t, c):
+            kc, vc, qc, bc = k[c0:c0 + c], v[c0:c0 + c], q[c0:c0 + c], beta[c0:c0 + c]
+            gc = torch.cumsum(g[c0:c0 + c], 0)
+            e, gl, er = torch.exp(gc), torch.exp(gc[-1]), torch.exp(gc[-1] - gc)
+            gam = torch.tril(torch.exp(torch.tril(gc[:, None] - gc[None, :])))
+            a0 = torch.linalg.inv(torch.eye(c, dtype=torch.float64) + torch.tril(bc[:, None] * (kc @ kc.T), -1))
+            p = torch.tril((qc @ kc.T) * gam) * scale
+            if name == "exact":
+                agb = gam * a0 * bc[None, :]
+                vn = agb @ vc - agb @ (e[:, None] * kc) @ s
+                o.append(scale * (qc * e[:, None]) @ s + p @ vn)
+                s = gl * s + kc.T @ (er[:, None] * vn)
+                continue
+            agb, rb = _bf(gam * a0 * bc[None, :]), bc - _bf(bc)
+            if name == "ws12":  # -Agb D with the diagonal -beta e^g unrounded, rounded once; U with the fix; S as bf16
+                agd = torch.where(torch.eye(c, dtype=torch.bool), (-bc * e)[None, :].expand(c, c), -agb * e[None, :])
+                vn = rb[:, None] * vc + agb @ vc + _bf(_bf(agd) @ kc) @ _bf(s)
+                o.append(scale * e[:, None] * (qc @ _bf(s)) + _bf(p) @ _bf(vn))
+            else:  # vs1: X = bf(S); W = K X in fp32, bf(-D W) the register operand; the fix from it
+                x = _bf(s)
+                wb = _bf(-e[:, None] * (kc @ x))
+                vn = rb[:, None] * (vc + wb) + agb @ vc + agb @ wb
+                o.append(scale * e[:, None] * (qc @ x) + _bf(p) @ _bf(vn))
+            s = gl * s + kc.T @ _bf(er[:, None] * vn)
+        out[name] = (torch.cat(o), s)
+    ex_o, ex_s = out.pop("exact")
+    return {n: (((o_ - ex_o).norm() / ex_o.norm()).item(), ((s_ - ex_s).norm() / ex_s.norm()).item())
+            for n, (o_, s_) in out.items()}
 
 
 def main(argv: list[str]) -> None:
