@@ -26,7 +26,8 @@ def test_rounding_orders_rank_as_measured():
 def test_vs1_walks_chunks_with_ws12s_error(correlated):
     """vs1 (the state as S^T in two warpgroups' registers) against ws12 over four-chunk walks, six draws: the
     same error on o and on the final state within 3 % (emulated, session 14: o 2.44e-3, state 1.72e-3 for both;
-    with correlated keys o 3.72e-3 against 3.75e-3, state 2.95e-3 against 2.94e-3); ws12's errors are the H200-measured ones."""
+    with correlated keys o 3.72e-3 against 3.75e-3, state 2.95e-3 against 2.94e-3); ws12's errors are the
+    H200-measured ones."""
     runs = [chunk_errors(seed, 4, correlated) for seed in range(6)]
     for i in (0, 1):  # o, final state
         ws12 = statistics.mean(r["ws12"][i] for r in runs)
