@@ -23,11 +23,7 @@ AGB fused kernel ("vs1"). No profile, state-pass or state-store builds yet; stat
 import tilelang
 import tilelang.language as T
 
-CHUNK = 64
-LOG2E = 1.4426950408889634
-WG = 128
-
-PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+from .fused_fwd_ws import CHUNK, LOG2E, PASS_CONFIGS, WG
 
 # setmaxnreg per warpgroup: 24 + 192 + 192 + 104 = 512 (the 64 K register file at 128 threads each). The
 # kernel compiles at 128 per thread (512 threads), so the state warpgroups increase and the others decrease.
