@@ -140,9 +140,21 @@ def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeur
     """The fused walk over `pieces` (sequences or CP pieces, in the grid's order: a piece's heads and V-slices
     are consecutive blocks), its CTAs dispatched in block order: on 4096+28672 the short sequence's CTAs go
     first, and with more CTAs than SMs some of the long walks start only when they finish."""
+    return makespan(_fused_runs(pieces, h_v, block_v, h, setup_us), num_sms * h.fused_ctas_per_sm,
+                    longest_first=False)
+
+
+def makespan_floor(runs: list[tuple[float, int]], slots: int) -> float:
+    """A lower bound on makespan(runs, slots) under any order: the longest CTA, and the work spread over every
+    slot. O(len(runs)), where the schedule itself costs up to a heap operation per CTA."""
+    if not runs:
+        return 0.0
+    return max(max(d for d, n in runs if n > 0), sum(d * n for d, n in runs) / slots)
+
+
+def _fused_runs(pieces: list[int], h_v: int, block_v: int, h: CPHeuristics, setup_us: float) -> list:
     ways = 128 // block_v
-    runs = [(c * h.step_us(block_v) + setup_us, h_v * ways) for c in pieces]
-    return makespan(runs, num_sms * h.fused_ctas_per_sm, longest_first=False)
+    return [(c * h.step_us(block_v) + setup_us, h_v * ways) for c in pieces]
 
 
 def best_block_v(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS,
@@ -150,12 +162,47 @@ def best_block_v(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DE
     """(predicted time, V-slice width) of the fused walk over sequences (or pieces) of `chunks` chunks: the
     count rule's width (plan.choose_block_v_ws) unless another of h.block_vs is predicted faster by more
     than h.width_margin. On equal lengths the two agree (one wave at the narrowest width that fits it); on
-    a ragged mix, e.g. 16/48 4096+28672, the 448-chunk sequence's CTAs set the time and a narrower slice
-    shortens their walk (1344 -> 896 us at BV 128 -> 64)."""
+    a ragged mix, e.g. 16/48 28672+4096, the 448-chunk sequence's CTAs set the time and a narrower slice
+    shortens their walk (1344 -> 896 us at BV 128 -> 64; 1024 for 4096+28672, whose short sequence's CTAs
+    are dispatched first)."""
     count_bv = choose_block_v_ws(len(chunks), h_v, num_sms)
     count = (_fused_us(chunks, h_v, count_bv, num_sms, h, setup_us), count_bv)
-    fastest = min((_fused_us(chunks, h_v, bv, num_sms, h, setup_us), bv) for bv in h.block_vs)
-    return fastest if fastest[0] < count[0] * (1.0 - h.width_margin) else count
+    bar = count[0] * (1.0 - h.width_margin)  # another width must come in under this
+    slots = num_sms * h.fused_ctas_per_sm
+    fastest = count
+    for bv in h.block_vs:  # a width whose floor is over the bar cannot be taken: not scheduled (same result)
+        if bv != count_bv and makespan_floor(_fused_runs(chunks, h_v, bv, h, setup_us), slots) < bar:
+            fastest = min(fastest, (_fused_us(chunks, h_v, bv, num_sms, h, setup_us), bv))
+    return fastest if fastest[0] < bar else count
+
+
+def _prep_runs(pieces: list[int], h_v: int, num_sms: int, h: CPHeuristics) -> list[tuple[float, int]]:
+    """The CP state pass's CTAs (h slices, the exact M slices, the skipped M slices) as makespan runs."""
+    bv_sp = choose_block_v_ws(2 * len(pieces), h_v, num_sms)
+    warm = pieces if h.assumed_warmup_chunks is None else [min(p, h.assumed_warmup_chunks) for p in pieces]
+    ways = 128 // bv_sp
+    exact_m = math.ceil(h.exact_m_frac * h_v)  # value heads whose transition M is computed, per piece
+    runs = [(c * h.step_us(bv_sp) * h.prep_step_scale + h.piece_setup_us, (h_v + exact_m) * ways) for c in warm]
+    runs.append((h.skip_m_us, len(warm) * (h_v - exact_m) * ways))  # the skipped M slices: zeros, then exit
+    return runs
+
+
+def _combine_us(chunks: list[int], piece: int, h: CPHeuristics) -> float:
+    longest_chain = max(len(split_counts(c, piece)) for c in chunks) - 1
+    return h.combine_setup_us + longest_chain * h.combine_link_us
+
+
+def predict_floor_us(chunks: list[int], h_v: int, num_sms: int, piece: int,
+                     h: CPHeuristics = DEFAULT_HEURISTICS) -> float:
+    """A lower bound on predict_us(..., piece, h)[0] in O(pieces): each pass's makespan_floor at its best width
+    for the fused walk. choose_cp skips a piece length whose floor cannot beat the best so far."""
+    pieces = [p for c in chunks for p in split_counts(c, piece)]
+    slots = num_sms * h.fused_ctas_per_sm
+    if len(pieces) == len(chunks):
+        return min(makespan_floor(_fused_runs(pieces, h_v, bv, h, 0.0), slots) for bv in h.block_vs)
+    fused = min(makespan_floor(_fused_runs(pieces, h_v, bv, h, h.piece_setup_us), slots) for bv in h.block_vs)
+    prep = makespan_floor(_prep_runs(pieces, h_v, num_sms, h), slots)
+    return fused + prep + _combine_us(chunks, piece, h) + 3 * h.launch_us
 
 
 def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
@@ -167,16 +214,8 @@ def predict_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None,
     if piece is None or len(pieces) == len(chunks):
         return best_block_v(pieces, h_v, num_sms, h)
     fused, bv = best_block_v(pieces, h_v, num_sms, h, setup_us=h.piece_setup_us)
-    bv_sp = choose_block_v_ws(2 * len(pieces), h_v, num_sms)
-    warm = pieces if h.assumed_warmup_chunks is None else [min(p, h.assumed_warmup_chunks) for p in pieces]
-    ways = 128 // bv_sp
-    exact_m = math.ceil(h.exact_m_frac * h_v)  # value heads whose transition M is computed, per piece
-    runs = [(c * h.step_us(bv_sp) * h.prep_step_scale + h.piece_setup_us, (h_v + exact_m) * ways) for c in warm]
-    runs.append((h.skip_m_us, len(warm) * (h_v - exact_m) * ways))  # the skipped M slices: zeros, then exit
-    prep = makespan(runs, num_sms * h.fused_ctas_per_sm)
-    longest_chain = max(len(split_counts(c, piece)) for c in chunks) - 1
-    combine = h.combine_setup_us + longest_chain * h.combine_link_us
-    return fused + prep + combine + 3 * h.launch_us, bv
+    prep = makespan(_prep_runs(pieces, h_v, num_sms, h), num_sms * h.fused_ctas_per_sm)
+    return fused + prep + _combine_us(chunks, piece, h) + 3 * h.launch_us, bv
 
 
 @dataclass(frozen=True)
@@ -185,7 +224,8 @@ class CPDecision:
     block_v: int
     predicted_us: float
     baseline_us: float  # no CP, best V-slice
-    sweep: tuple[tuple[int, float], ...] = field(default=(), compare=False)  # (L, predicted us) tried
+    # (L, predicted us) of the piece lengths scheduled; those whose lower bound could not win are not listed
+    sweep: tuple[tuple[int, float], ...] = field(default=(), compare=False)
 
 
 def choose_cp(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DEFAULT_HEURISTICS) -> CPDecision:
@@ -197,6 +237,11 @@ def choose_cp(chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = DEFAU
     sweep = []
     best = (base_us, None, base_bv)
     for piece in h.piece_candidates(max(chunks)):
+        # a piece length whose floor can neither beat the best so far nor pass the margin cannot be chosen:
+        # skip its schedule (up to a heap operation per CTA: 0.3 s for 256 sequences at 4-chunk pieces)
+        floor = predict_floor_us(chunks, h_v, num_sms, piece, h)
+        if floor >= best[0] or floor > base_us * (1.0 - h.margin):
+            continue
         t, bv = predict_us(chunks, h_v, num_sms, piece, h)
         sweep.append((piece, t))
         if t < best[0]:
