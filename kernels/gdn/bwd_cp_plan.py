@@ -21,7 +21,7 @@ session 10) has its own measured step (DSTATE_STEP_US).
 from __future__ import annotations
 
 from .checks import HEAD_DIM
-from .cp_plan import CPHeuristics, PerPlanCache, predict_us, split_counts
+from .cp_plan import CPHeuristics, PerPlanCache, predict_floor_us, predict_us, split_counts
 from .plan import ChunkPlan
 
 # Stage 1's chain: one step of one CTA (microseconds, on the H200) by revision and V-slice width, from
@@ -81,6 +81,20 @@ def predict_bwd_chains_us(
     return stage0 + 2 * (stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US) + combine
 
 
+def predict_bwd_chains_floor_us(
+    chunks: list[int], h_v: int, num_sms: int, piece: int, h: CPHeuristics = STAGE0_HEURISTICS, rev: str = DEFAULT_REV
+) -> float:
+    """A lower bound on predict_bwd_chains_us(..., piece): stage 0's makespan floor (cp_plan.predict_floor_us),
+    the rest as priced (closed forms)."""
+    stage0 = predict_floor_us(chunks, h_v, num_sms, piece, h)
+    pieces = [p for c in chunks for p in split_counts(c, piece)]
+    if len(pieces) == len(chunks):
+        return stage0 + stage1_chain_us(chunks, h_v, num_sms, rev)
+    links = max(len(split_counts(c, piece)) for c in chunks) - 1
+    combine = h.combine_setup_us + links * h.combine_link_us
+    return stage0 + 2 * (stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US) + combine
+
+
 def choose_bwd_cp(
     chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = STAGE0_HEURISTICS, rev: str = DEFAULT_REV
 ) -> int | None:
@@ -93,6 +107,10 @@ def choose_bwd_cp(
     base = predict_bwd_chains_us(chunks, h_v, num_sms, None, h, rev)
     best, best_us = None, base
     for piece in h.piece_candidates(max(chunks)):
+        # skip a piece length that cannot win (its floor): stage 0's schedule is the costly part of the price
+        floor = predict_bwd_chains_floor_us(chunks, h_v, num_sms, piece, h, rev)
+        if floor >= best_us or floor > base * (1.0 - MARGIN):
+            continue
         t = predict_bwd_chains_us(chunks, h_v, num_sms, piece, h, rev)
         if t < best_us:
             best, best_us = piece, t

@@ -98,3 +98,24 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv("QLA_BWD_CP", "yes")
     with pytest.raises(ValueError, match="QLA_BWD_CP"):
         resolve_bwd_cp()
+
+
+def test_skipping_by_lower_bounds_changes_no_decision():
+    """choose_bwd_cp skips piece lengths whose floor cannot win (session 14); its choice equals scheduling every
+    piece length, over 120 random mixes."""
+    import random
+
+    from qla_kernels.gdn.bwd_cp_plan import MARGIN, STAGE0_HEURISTICS
+
+    rng = random.Random(1)
+    for _ in range(120):
+        n = rng.choice((1, 1, 2, 2, 3, 4, 8))
+        total = rng.choice((2048, 8192, 32768))
+        cuts = sorted(rng.sample(range(1, total), n - 1))
+        chunks = [-(-(b - a) // 64) for a, b in zip([0, *cuts], [*cuts, total])]
+        h_v = rng.choice((4, 8, 16, 32))
+        base = predict_bwd_chains_us(chunks, h_v, 132, None)
+        times = {p: predict_bwd_chains_us(chunks, h_v, 132, p) for p in STAGE0_HEURISTICS.piece_candidates(max(chunks))}
+        best = min(times, key=lambda p: (times[p], p), default=None)
+        want = best if best is not None and times[best] < base and times[best] <= base * (1.0 - MARGIN) else None
+        assert choose_bwd_cp(chunks, h_v, 132) == want, (chunks, h_v, times, base)
