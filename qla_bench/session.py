@@ -186,11 +186,7 @@ class BackendSession:
     def sample(self, timer: str, reps: int) -> list[float]:
         if self.prepared is None:
             raise RuntimeError("sample() before a passing setup()")
-        flusher = None
-        if self.device.type == "cuda" and self.cold_l2:
-            if self._flusher is None:
-                self._flusher = L2Flusher(self.device)
-            flusher = self._flusher
+        flusher = self._cold_flusher()
         fn = self.prepared.run
         if timer == "cuda-graph" and not self.prepared.graph_safe:
             raise RuntimeError(f"{self.backend.name} is not CUDA-graph capturable")
@@ -205,12 +201,16 @@ class BackendSession:
             raise RuntimeError("kernel profiles need a CUDA device (torch.profiler's CUDA activities)")
         from .kernel_profile import profile_calls
 
-        flush = None
-        if self.cold_l2:
-            if self._flusher is None:
-                self._flusher = L2Flusher(self.device)
-            flush = self._flusher
-        return [k.as_dict() for k in profile_calls(self.prepared.run, calls, flush, warmup)]
+        return [k.as_dict() for k in profile_calls(self.prepared.run, calls, self._cold_flusher(), warmup)]
+
+    def _cold_flusher(self) -> L2Flusher | None:
+        """The L2 flush to run between timed or profiled calls (one buffer per session), or None: warm L2 or
+        no GPU."""
+        if self.device.type != "cuda" or not self.cold_l2:
+            return None
+        if self._flusher is None:
+            self._flusher = L2Flusher(self.device)
+        return self._flusher
 
     def teardown(self) -> None:
         self.prepared = None

@@ -72,13 +72,7 @@ def predict_bwd_chains_us(
 ) -> float:
     """Predicted time of stages 0 and 1 for sequences of `chunks` chunks, in pieces of `piece` (None: no CP),
     with stage 1 revision `rev`."""
-    stage0 = predict_us(chunks, h_v, num_sms, piece, h)[0]
-    pieces = [p for c in chunks for p in split_counts(c, piece)]
-    if piece is None or len(pieces) == len(chunks):
-        return stage0 + stage1_chain_us(chunks, h_v, num_sms, rev)
-    links = max(len(split_counts(c, piece)) for c in chunks) - 1
-    combine = h.combine_setup_us + links * h.combine_link_us
-    return stage0 + 2 * (stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US) + combine
+    return predict_us(chunks, h_v, num_sms, piece, h)[0] + _after_stage0_us(chunks, h_v, num_sms, piece, h, rev)
 
 
 def predict_bwd_chains_floor_us(
@@ -86,13 +80,18 @@ def predict_bwd_chains_floor_us(
 ) -> float:
     """A lower bound on predict_bwd_chains_us(..., piece): stage 0's makespan floor (cp_plan.predict_floor_us),
     the rest as priced (closed forms)."""
-    stage0 = predict_floor_us(chunks, h_v, num_sms, piece, h)
+    return predict_floor_us(chunks, h_v, num_sms, piece, h) + _after_stage0_us(chunks, h_v, num_sms, piece, h, rev)
+
+
+def _after_stage0_us(chunks: list[int], h_v: int, num_sms: int, piece: int | None, h: CPHeuristics,
+                     rev: str) -> float:
+    """Stage 1's chain (twice over the pieces with CP, plus the combine between the passes)."""
     pieces = [p for c in chunks for p in split_counts(c, piece)]
-    if len(pieces) == len(chunks):
-        return stage0 + stage1_chain_us(chunks, h_v, num_sms, rev)
+    if piece is None or len(pieces) == len(chunks):
+        return stage1_chain_us(chunks, h_v, num_sms, rev)
     links = max(len(split_counts(c, piece)) for c in chunks) - 1
     combine = h.combine_setup_us + links * h.combine_link_us
-    return stage0 + 2 * (stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US) + combine
+    return 2 * (stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US) + combine
 
 
 def choose_bwd_cp(
