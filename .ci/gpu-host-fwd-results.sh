@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the H200 host, from the repository root, after `source .ci/gpu-host-setup.sh`: the forward's committed
+# On the GPU host (H200 or H100: the CLI takes the GPU's name from the device), from the repository root,
+# after `source .ci/gpu-host-setup.sh`: the forward's committed
 # measurements at this commit, each step under its own time limit so a slow step cannot eat the call:
 #   1. qwen35-fwd, qla only, CUDA events (~65 s with the TileLang cache carried),
 #   2. the edge-case numerics check, qla against FLA (~160 s: FLA autotunes each shape on a cold host),
@@ -35,8 +36,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw -
 echo "commit ${QLA_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null)}; QLA_* $(env | grep '^QLA_' | tr '\n' ' ')" \
   >> "$dest/fwd-gpu.txt"
 step events 130 /tmp/fwd-events/qwen35-fwd-fwd.jsonl \
-  fwd --gpu H200 --sweep qwen35-fwd --backends qla --timers events --out /tmp/fwd-events --no-report
+  fwd --sweep qwen35-fwd --backends qla --timers events --out /tmp/fwd-events --no-report
 step edge 220 /tmp/fwd-edge/numerics/check-fwd.jsonl \
-  check --gpu H200 --sweep edge --backends qla,fla --out /tmp/fwd-edge
+  check --sweep edge --backends qla,fla --out /tmp/fwd-edge
 step graph 200 /tmp/fwd-graph/qwen35-fwd-fwd.jsonl \
-  fwd --gpu H200 --sweep qwen35-fwd --backends qla --timers graph --out /tmp/fwd-graph --no-report
+  fwd --sweep qwen35-fwd --backends qla --timers graph --out /tmp/fwd-graph --no-report
