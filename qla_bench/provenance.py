@@ -37,6 +37,8 @@ ENV_FLAGS = (
     "QLA_BWD_IMPL",
     "QLA_BWD_DSTATE",
     "QLA_CP",
+    "QLA_CP_COMBINE",
+    "QLA_LONGEST_FIRST",
 )
 CPU_GPU_NAME = "CPU"
 

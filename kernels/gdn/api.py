@@ -327,9 +327,10 @@ def chunk_gated_delta_rule_fwd(
     nsm = _num_sms(q.device)
     cpp = _cp_plan(plan, h_v, nsm, cp, cp_piece) if not state_v_first else None
 
-    def run_fused(cu: torch.Tensor, n: int, h0_: torch.Tensor, use_h0_: bool,
-                  planned_bv: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """planned_bv: the cost model's width for these sequences or pieces (cp_plan.best_block_v)."""
+    def run_fused(cu: torch.Tensor, n: int, h0_: torch.Tensor, use_h0_: bool, planned_bv: int,
+                  order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """planned_bv: the cost model's width for these sequences or pieces (cp_plan.best_block_v); order: the
+        order the warp-specialised kernels walk them in (longest first, as that model schedules them)."""
         o_ = torch.empty_like(vf)
         ht_ = torch.empty(n, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
         f, bv = fimpl, block_v
@@ -341,18 +342,23 @@ def chunk_gated_delta_rule_fwd(
             bv = VS_BLOCK_V  # one CTA holds the whole V
         if bv is None:
             bv = choose_block_v(n, h_v, nsm) if f == "v2" else planned_bv  # every ws revision: one rule
-        _fused_kernel(f, scale, dt, use_h0_, state_v_first, bv)(qf, kf, vf, g_cumsum, bf, a0, h0_, cu, o_, ht_)
+        kernel = _fused_kernel(f, scale, dt, use_h0_, state_v_first, bv)
+        if f in WS_REVS:
+            kernel(qf, kf, vf, g_cumsum, bf, a0, h0_, cu, o_, ht_, _walk_order(order))
+        else:
+            kernel(qf, kf, vf, g_cumsum, bf, a0, h0_, cu, o_, ht_)
         return o_, ht_
 
     if cpp is None:
-        o, ht = run_fused(plan.cu_seqlens, plan.num_seqs, h0, use_h0, plan_block_v(plan, h_v, nsm))
+        o, ht = run_fused(plan.cu_seqlens, plan.num_seqs, h0, use_h0, plan_block_v(plan, h_v, nsm), plan.seq_order)
     else:
         from .cp import run_cp
 
         o, ht = run_cp(cpp, initial_state if use_h0 else None,
                        state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp, scale, nsm,
                                            AGB_STATE_PASS_REV[fimpl_name] if emit_agb else 5),
-                       lambda cu, init: run_fused(cu, cpp.num_pieces, init, True, cpp.decision.block_v),
+                       lambda cu, init: run_fused(cu, cpp.num_pieces, init, True, cpp.decision.block_v,
+                                                  cpp.piece_order),
                        _combine_kernel if resolve_cp_combine() == "kernel" else None)
     if emit_agb:
         a0 = None
@@ -382,6 +388,8 @@ def chunk_kkt_solve(
 
 
 CP_ENV = "QLA_CP"
+# "0": the warp-specialised forward walks sequences (or CP pieces) in input order instead of longest first
+LONGEST_FIRST_ENV = "QLA_LONGEST_FIRST"
 # how CP's combine runs: "kernel" (default; fwd/cp_combine.py, one launch for the whole combine: on the
 # H200, session 8, 0.087 ms for 2/8 x 32768 in 8 pieces against the host walk's 0.40, equal to it within
 # tests/gpu/test_qla_cp.py's bounds) or "views" (cp.combine's host walk, one batched GEMM launch per link,
@@ -437,6 +445,15 @@ def resolve_cp() -> bool:
     decaying pieces' M, the 18 qwen35-fwd configs the cost model splits ran 1.13-2.01x faster than without CP
     and no other config changed (NOTES.md, session 8)."""
     return env_switch_on(CP_ENV)
+
+
+def _walk_order(order: torch.Tensor) -> torch.Tensor:
+    """The grid order the warp-specialised kernels walk sequences or pieces in: the plan's longest-first
+    order, or the input order under $QLA_LONGEST_FIRST=0 (to time what the order gains; the cost model
+    prices longest first, so widths and CP are planned for that)."""
+    if env_switch_on(LONGEST_FIRST_ENV):
+        return order
+    return torch.arange(order.numel(), dtype=order.dtype, device=order.device)
 
 
 def env_switch_on(env: str) -> bool:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .plan import CHUNK, ChunkPlan, choose_block_v_ws
+from .plan import CHUNK, ChunkPlan, choose_block_v_ws, longest_first
 
 _CACHE_SIZE = 64
 
@@ -137,11 +137,12 @@ def split_counts(chunks: int, piece: int | None) -> list[int]:
 
 def _fused_us(pieces: list[int], h_v: int, block_v: int, num_sms: int, h: CPHeuristics,
               setup_us: float = 0.0) -> float:
-    """The fused walk over `pieces` (sequences or CP pieces, in the grid's order: a piece's heads and V-slices
-    are consecutive blocks), its CTAs dispatched in block order: on 4096+28672 the short sequence's CTAs go
-    first, and with more CTAs than SMs some of the long walks start only when they finish."""
+    """The fused walk over `pieces` (sequences or CP pieces; a piece's heads and V-slices are consecutive
+    blocks), its CTAs dispatched in block order, which the plan's seq_order / piece_order makes longest first
+    (session 15; before it, on 4096+28672 the short sequence's CTAs went first, and with more CTAs than SMs
+    some of the long walks started only when they finished)."""
     return makespan(_fused_runs(pieces, h_v, block_v, h, setup_us), num_sms * h.fused_ctas_per_sm,
-                    longest_first=False)
+                    longest_first=True)
 
 
 def makespan_floor(runs: list[tuple[float, int]], slots: int) -> float:
@@ -294,6 +295,8 @@ class CPPlan:
     # last to first, in place (an involution), for the backward's reverse chain (gdn/cp_bwd.py)
     chunk_offsets: torch.Tensor | None = None
     reverse_order: torch.Tensor | None = None
+    # piece_order [P] int32: the pieces longest first (plan.longest_first), the fused walk's grid order
+    piece_order: torch.Tensor | None = None
 
     @property
     def enabled(self) -> bool:
@@ -332,7 +335,8 @@ def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device:
                   seq_first_piece=dev(first), num_pieces=len(seq), num_seqs=len(cu) - 1,
                   max_piece_chunks=longest, links=tuple(links), first_piece=dev(first[:-1], torch.int64),
                   last_piece=dev([f - 1 for f in first[1:]], torch.int64), host_links=tuple(host_links),
-                  chunk_offsets=dev(chunk_offs), reverse_order=dev(reverse, torch.int64))
+                  chunk_offsets=dev(chunk_offs), reverse_order=dev(reverse, torch.int64),
+                  piece_order=dev(longest_first([b - a for a, b in itertools.pairwise(chunk_offs)])))
 
 
 class PerPlanCache:

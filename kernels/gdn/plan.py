@@ -28,6 +28,9 @@ class ChunkPlan:
     cu_seqlens: int32 [N+1] token offsets; chunk_indices: int32 [NC, 2] rows of (sequence, chunk within
     sequence); chunk_offsets: int32 [N+1] first global chunk of each sequence. cu_host: the same offsets
     on the host (read once when the plan was built), for later host-side planning without a sync.
+    seq_order: int32 [N] the sequences longest first (ties in input order), the order in which the fused
+    forward's grid walks them: the GPU hands out blocks roughly by index, so on 4096+28672 the long walks
+    start first instead of queueing behind the short ones when there are more CTAs than SMs.
     """
 
     cu_seqlens: torch.Tensor
@@ -37,6 +40,13 @@ class ChunkPlan:
     num_chunks: int
     max_chunks: int
     cu_host: tuple[int, ...] = ()
+    seq_order: torch.Tensor | None = None
+
+
+def longest_first(counts: list[int]) -> list[int]:
+    """Indices of `counts` by decreasing count, ties in index order (a stable sort: equal lengths keep the
+    input order, so a fixed-length batch walks its sequences as given)."""
+    return sorted(range(len(counts)), key=lambda i: -counts[i])
 
 
 def chunk_counts(lengths: list[int], chunk: int = CHUNK) -> list[int]:
@@ -62,6 +72,7 @@ def build_plan_from_list(cu: list[int], device: torch.device | str, chunk: int =
         num_chunks=offs[-1],
         max_chunks=max(counts),
         cu_host=tuple(cu),
+        seq_order=torch.tensor(longest_first(counts), dtype=torch.int32).to(device),
     )
 
 

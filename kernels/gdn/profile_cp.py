@@ -97,7 +97,8 @@ def _piece_times(cpp, piece: int, packed: tuple, inputs: tuple, nsm: int) -> dic
         "combine_index": median_event_ms(lambda: combine(cpp, hm, None, max_view_links=0)),  # session 4's form
         "combine_index_host": _host_ms(lambda: combine(cpp, hm, None, max_view_links=0)),
         "combine_kernel": median_event_ms(lambda: _combine_kernel(cpp, hm, None)),  # fwd/cp_combine.py
-        "fused_over_pieces": median_event_ms(lambda: fused(qf, kf, vf, g_cumsum, bf, a0, init, cpp.cu_seqlens, o, ht)),
+        "fused_over_pieces": median_event_ms(lambda: fused(qf, kf, vf, g_cumsum, bf, a0, init, cpp.cu_seqlens, o, ht,
+                                                                 cpp.piece_order)),
         "cp_fwd": median_event_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu, cp=True,
                                                                 cp_piece=piece)),
         "cp_fwd_kernel_combine": _with_env(CP_COMBINE_ENV, "kernel", lambda: median_event_ms(

@@ -83,7 +83,8 @@ def host_breakdown(h_qk: int, h_v: int, seqlens: list[int], calls: int = 300) ->
             torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda"),
         ),
         "kkt launch (compiled kernel call)": lambda: kkt(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0),
-        "fused launch (compiled kernel call)": lambda: fused(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht),
+        "fused launch (compiled kernel call)": lambda: fused(qf, kf, vf, g_cumsum, bf, a0, h0, plan.cu_seqlens, o, ht,
+                                                             *((plan.seq_order,) if fname in api.WS_REVS else ())),
         "empty torch op (x.add_(0)), for scale": lambda: o.add_(0),
     }
     out = {name: _per_call_us(fn, calls) for name, fn in steps.items()}

@@ -166,6 +166,8 @@ def test_pieces_cover_every_token_once_and_align_to_chunks():
     assert cp.seq_first_piece.tolist() == [0, 1, 2, 5, 6]
     assert cp.max_piece_chunks == 16 and cp.num_pieces == 6
     assert cp.cu_seqlens.dtype == torch.int32 and cp.piece_seq.dtype == torch.int32
+    # the fused walk's grid order: pieces of 16 chunks first (input order among them), then 9, then 1
+    assert cp.piece_order.tolist() == [1, 2, 3, 5, 4, 0] and cp.piece_order.dtype == torch.int32
 
 
 def test_no_cp_keeps_the_sequences():
@@ -202,13 +204,16 @@ def test_best_width_is_the_count_rule_on_equal_lengths():
 def test_best_width_on_ragged_mixes():
     """A long and a short sequence: the long one's CTAs set the time; a narrower slice walks them faster and
     the short ones fill the idle SMs. 16/48 with 96 pairs: one wave at 128 by the count rule (1344 us). At 64
-    (192 CTAs), long first the short CTAs fill the 36 free SMs (896 us); short first, 60 long walks wait for
-    them (1024 us): the GPU hands out CTAs in block order."""
+    (192 CTAs), long first the short CTAs fill the 36 free SMs (896 us). The GPU hands out CTAs in block
+    order and the plan's seq_order lists the long sequence first, so the input order does not matter (in
+    input order, short first, 60 long walks would wait for the short ones: 1024 us)."""
     t128, _ = predict_us(_chunks((4096, 28672)), 48, 132, None, COUNT_RULE)
     assert t128 == pytest.approx(448 * 3.0)
     assert best_block_v(_chunks((28672, 4096)), 48, 132) == (pytest.approx(448 * 2.0), 64)
     t, bv = best_block_v(_chunks((4096, 28672)), 48, 132)
-    assert bv == 64 and t == pytest.approx(64 * 2.0 + 448 * 2.0)
+    assert bv == 64 and t == pytest.approx(448 * 2.0)
+    runs_in_input_order = [(64 * 2.0, 48 * 2), (448 * 2.0, 48 * 2)]
+    assert makespan(runs_in_input_order, 132, longest_first=False) == pytest.approx(64 * 2.0 + 448 * 2.0)
     assert best_block_v(_chunks((4096, 28672)), 48, 132, COUNT_RULE)[1] == 128
     # within the margin the count rule stays: 16/48 8192x4 prices 64 and 128 equal (768 us)
     assert best_block_v([128] * 4, 48, 132)[1] == 128

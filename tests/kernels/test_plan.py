@@ -2,7 +2,7 @@
 
 import torch
 
-from qla_kernels.gdn.plan import build_plan_from_list, chunk_counts, plan_fixed, plan_varlen
+from qla_kernels.gdn.plan import build_plan_from_list, chunk_counts, longest_first, plan_fixed, plan_varlen
 
 
 def test_chunk_counts_ragged():
@@ -15,6 +15,15 @@ def test_plan_indices_and_offsets():
     assert p.chunk_indices.tolist() == [[0, 0], [0, 1], [1, 0], [2, 0], [2, 1], [2, 2]]
     assert p.chunk_offsets.tolist() == [0, 2, 3, 6]
     assert p.cu_seqlens.dtype == torch.int32 and p.chunk_indices.dtype == torch.int32
+
+
+def test_seq_order_walks_the_longest_first():
+    """The fused forward's grid walks seq_order[i] in its i-th group of blocks: longest first, ties in input
+    order (a stable sort), so equal lengths keep the input order."""
+    p = build_plan_from_list([0, 4096, 4096 + 28672, 4096 + 28672 + 1, 4096 + 28672 + 4097], "cpu")
+    assert p.seq_order.tolist() == [1, 0, 3, 2] and p.seq_order.dtype == torch.int32
+    assert plan_fixed(4, 8192, "cpu").seq_order.tolist() == [0, 1, 2, 3]
+    assert longest_first([3, 5, 5, 1, 5]) == [1, 2, 4, 0, 3]
 
 
 def test_plan_every_token_in_exactly_one_chunk():

@@ -184,6 +184,9 @@ def fused_fwd_ws_program(
 
     profile=True is a measuring build: it takes one more argument, prof [num_ctas, 3, NUM_PHASES] int64,
     where each CTA's consumer warpgroups add up the clock64 cycles spent in each phase of PHASES.
+
+    The plain build (not profile, state_pass or store_states) takes one more argument last, seq_order [ns]
+    int32: which sequence each group of blocks walks (ChunkPlan.seq_order: longest first; session 15).
     """
     C = CHUNK
     assert rev in (4, 5, 6, 7, 8, 9)
@@ -221,17 +224,26 @@ def fused_fwd_ws_program(
             clk[0] = now
 
     @T.macro
-    def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof, chunk_offsets, states):
+    def kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, prof, chunk_offsets, states,
+                    seq_order=None):
+        """seq_order [ns] (the plain build's): the sequence (or piece) each group of h_v * nv consecutive
+        blocks walks. The GPU hands out blocks roughly by index, so listing the longest first schedules the
+        walks longest first (gdn/plan.py); the other builds walk sequence i in blocks i * h_v * nv + ..."""
         with T.Kernel(ns * h_v * nv, threads=4 * WG) as (bid,):
             if v5:
-                seq = T.alloc_var("int32", init=bid // (h_v * nv))
+                if seq_order is None:
+                    seq = T.alloc_var("int32", init=bid // (h_v * nv))
+                    start = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv)])
+                    end = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv) + 1])
+                else:
+                    seq = T.alloc_var("int32", init=seq_order[bid // (h_v * nv)])
+                    start = T.alloc_var("int32", init=cu_seqlens[seq_order[bid // (h_v * nv)]])
+                    end = T.alloc_var("int32", init=cu_seqlens[seq_order[bid // (h_v * nv)] + 1])
                 bh = T.alloc_var("int32", init=(bid // nv) % h_v)
                 v0 = T.alloc_var("int32", init=(bid % nv) * block_v)
                 bhg = T.alloc_var("int32", init=((bid // nv) % h_v) // (h_v // h_qk))
-                start = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv)])
-                end = T.alloc_var("int32", init=cu_seqlens[bid // (h_v * nv) + 1])
             else:
-                seq = bid // (h_v * nv)
+                seq = bid // (h_v * nv) if seq_order is None else seq_order[bid // (h_v * nv)]
                 bh = (bid // nv) % h_v
                 v0 = (bid % nv) * block_v
                 bhg = bh // (h_v // h_qk)
@@ -774,8 +786,9 @@ def fused_fwd_ws_program(
         cu_seqlens: T.Tensor((ns + 1,), "int32"),
         o: T.Tensor((1, nt, h_v, dv), dtype),
         ht: T.Tensor(st_shape, acc),
+        seq_order: T.Tensor((ns,), "int32"),
     ):
-        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None, None, None)
+        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None, None, None, seq_order)
 
     return fused_fwd_ws
 
