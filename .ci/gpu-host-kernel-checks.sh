@@ -20,6 +20,22 @@ step() {  # [VAR=value ...] step NAME LIMIT PYTEST-ARGS...: the assignments reac
   echo "$name rc=$? t=$(( $(date +%s) - t0 )) s: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$dest/$name.log" | tail -1)"
 }
 
+# Session 15: the longest-first grid order against the input order on the eight qwen35-fwd configs whose short
+# sequence comes first and whose CTAs queue (the cost model: 1.19x on them); rows in $dest/lpt-*.jsonl.
+lpt() {  # lpt NAME LIMIT [VAR=value ...]: qla on those configs, CUDA events, rows copied back
+  local name=$1 limit=$2; shift 2
+  local budget; budget=$(left)
+  (( budget < limit )) && limit=$budget
+  if (( limit < 20 )); then echo "skip $name: out of time"; return; fi
+  env "$@" timeout -s KILL "$limit" python cli.py fwd --backends qla --heads 16/48,8/24 \
+    --seqlens 8192+24576,4096+28672,2048+6144,1024+7168 --timers events --out "/tmp/$name" --no-report \
+    > "$dest/$name.log" 2>&1
+  echo "$name rc=$? t=$(( $(date +%s) - t0 )) s"
+  cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
+}
+lpt lpt-on 60
+lpt lpt-off 60 QLA_LONGEST_FIRST=0
+
 # Session 14's prepared work (kernels/NOTES.md, Next 0), the likeliest to hang last: kkt v4t, the harness's
 # kernel profiles, then vs1 (never run; its first launch may hang: its own step, killed at its limit).
 W=tests/gpu/test_qla_fused_ws.py
