@@ -33,15 +33,18 @@ lpt() {  # lpt NAME LIMIT [VAR=value ...]: qla on those configs, CUDA events, ro
   echo "$name rc=$? t=$(( $(date +%s) - t0 )) s"
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
-lpt lpt-on 60
-lpt lpt-off 60 QLA_LONGEST_FIRST=0
+if [ -z "${SKIP_LPT:-}" ]; then  # SKIP_LPT=1: when the call's sweep already timed the default order
+  lpt lpt-on 50
+  lpt lpt-off 50 QLA_LONGEST_FIRST=0
+fi
 
-# Session 14's prepared work (kernels/NOTES.md, Next 0), the likeliest to hang last: kkt v4t, the harness's
-# kernel profiles, then vs1 (never run; its first launch may hang: its own step, killed at its limit).
+# Then the one-kernel forward (never run before: its first launch may hang, hence steps under SIGKILL limits):
+# vs1 (session 14, Agb from stage 1) and vs2 / vs2p (session 15, Agb formed in the kernel's auxiliary
+# warpgroup), float64 checks then timing; then session 14's kkt v4t and the harness's kernel-profile tests.
 W=tests/gpu/test_qla_fused_ws.py
 K=tests/gpu/test_qla_kkt_v3.py
-STEP_ENV="QLA_KKT_TEST_IMPLS=v4,v4t" step kkt-v4t-check 120 "$K" -k "not time and not profile"
-STEP_ENV="QLA_KKT_TEST_IMPLS=v4,v4t" step kkt-v4t-time 60 "$K" -k "time_kkt"
+step vs-check 120 "$W" -k "matches_reference and (vs1 or vs2)"
+STEP_ENV="WS_TIMING_IMPLS=ws12,vs1,vs2,vs2p" step vs-time 90 "$W" -k time_fused
+STEP_ENV="QLA_KKT_TEST_IMPLS=v4,v4t" step kkt-v4t-check 100 "$K" -k "not time and not profile"
+STEP_ENV="QLA_KKT_TEST_IMPLS=v4,v4t" step kkt-v4t-time 50 "$K" -k "time_kkt"
 step harness-profiles 60 tests/gpu/test_harness_gpu.py -k kernel_profile
-step vs1-check 120 "$W" -k "matches_reference and vs1"
-STEP_ENV="WS_TIMING_IMPLS=ws12,vs1" step vs1-time 90 "$W" -k time_fused

@@ -61,6 +61,9 @@ def variants() -> list[tuple[str, str, tuple]]:
     for dt in ("bfloat16", "float16"):
         for use_h0 in (True, False):  # vs1 (fused_fwd_vs.py), as the forward tests and sweeps launch it
             out.append((f"vs1 {dt} h0={use_h0}", "fused_fwd_vs_kernel", (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0)))
+            for name, precise in (("vs2", False), ("vs2p", True)):  # vs1 with stage 1 inside (api's vs2, vs2p)
+                out.append((f"{name} {dt} h0={use_h0}", "fused_fwd_vs_kernel",
+                            (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, True, precise)))
     for lean in (False, True):  # profile builds (profile_fwd.profile_fused_ws7)
         out.append((f"ws rev{9 if lean else 8} profile", "fused_fwd_ws7_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, True, True, lean)))  # fmt: skip

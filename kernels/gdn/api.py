@@ -93,7 +93,7 @@ DEFAULT_KKT_IMPL = "v4"
 # configs; errors at FLA's level, not below: its one-token final state was 1.16x FLA's on one edge config, over issue
 # 4's 1.1x bound, so auto kept ws6 until ws12). It has no A0 for a backward: the autograd forward (need_a0=True) runs
 # ws6 in its place.
-FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "vs1", "auto")
+FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "vs1", "vs2", "vs2p", "auto")
 # fused_fwd_ws.py's revisions behind the names; "ws11" (rev 8: ws10 with Agb's diagonal, a token's own beta, taken
 # unrounded in both of WG1's products; H200, session 13: every edge config at or below 1.01x FLA's error, but 0.957x
 # ws10's speed); "ws12" (rev 9: ws11 with WG1's two state-free GEMMs under one wait and the diagonal fix between them,
@@ -103,10 +103,14 @@ WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8, "ws12": 9}
 # "vs1" (fused_fwd_vs.py, session 14: prepared, compiled, never run on a GPU): the state split over two warpgroups
 # along V as S^T, every chain GEMM with the state as wgmma's register operand, a third warpgroup forming Pg; the
 # whole V per CTA (block_v 128 only), states [N,H_v,K,V] only; step 1 of NOTES.md's one-kernel design
-VS_IMPLS = ("vs1",)
+VS_IMPLS = ("vs1", "vs2", "vs2p")
 VS_BLOCK_V = 128
+# "vs2" / "vs2p" (session 15: compiled, never run on a GPU): vs1 with stage 1 inside (fwd/chunk_inverse.py in
+# its auxiliary warpgroup): no kkt launch, the raw gate in, g_cumsum out; the inverse's products in one tf32
+# pass (kkt v4t's) or 3xTF32 (v4's). name -> precise. No CP state pass of its own: these run without CP.
+SOLVE_IN_KERNEL_IMPLS = {"vs2": False, "vs2p": True}
 # fused implementations that take stage 1's emit_agb output instead of A0
-AGB_IMPLS = ("ws10", "ws11", "ws12", "vs1")
+AGB_IMPLS = ("ws10", "ws11", "ws12", "vs1", "vs2", "vs2p")
 # the fused_fwd_ws revision whose CP state pass serves each AGB fused kernel (they take the same Agb)
 AGB_STATE_PASS_REV = {"ws10": 7, "ws11": 8, "ws12": 9, "vs1": 9}
 # what runs instead of an AGB_IMPLS kernel when the caller needs A0 (the autograd forward)
@@ -161,6 +165,9 @@ def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first:
     if impl in VS_IMPLS:
         from .fwd.fused_fwd_vs import fused_fwd_vs_kernel
 
+        if impl in SOLVE_IN_KERNEL_IMPLS:
+            return launcher(fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, True,
+                                                SOLVE_IN_KERNEL_IMPLS[impl]))
         return launcher(fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0))
     if impl in TRANSPOSED_STATE_IMPLS:
         from .fwd.fused_fwd_ws7 import fused_fwd_ws7_kernel
@@ -320,10 +327,18 @@ def chunk_gated_delta_rule_fwd(
     if fimpl_name in AGB_IMPLS and need_a0:
         fimpl = fimpl_name = A0_FALLBACK_IMPL
     emit_agb = fimpl_name in AGB_IMPLS
-    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan, emit_agb)
-
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else _dummy_state(h_v, q.device)
+    if fimpl_name in SOLVE_IN_KERNEL_IMPLS:  # one launch: stage 1 runs inside the fused kernel
+        o, ht, g_cumsum = torch.empty_like(vf), torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM,
+                                                            dtype=torch.float32, device=q.device), torch.empty_like(gf)
+        _fused_kernel(fimpl_name, scale, dt, use_h0, False, VS_BLOCK_V)(qf, kf, vf, gf, bf, h0, plan.cu_seqlens, o,
+                                                                        ht, g_cumsum)
+        if b != 1:
+            o, g_cumsum = o.view(b, t, h_v, HEAD_DIM), g_cumsum.view(b, t, h_v)
+        return FwdOutput(o=o, final_state=ht if output_final_state else None, g_cumsum=g_cumsum, a0=None)
+    g_cumsum, a0 = _launch_kkt(impl, kf, gf, bf, plan, emit_agb)
+
     nsm = _num_sms(q.device)
     cpp = _cp_plan(plan, h_v, nsm, cp, cp_piece) if not state_v_first else None
 

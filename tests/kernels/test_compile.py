@@ -112,6 +112,30 @@ def test_fused_fwd_vs_compiles(use_h0):
     assert not rep.wgmma_serialized, rep.line()
 
 
+@pytest.mark.parametrize("precise", [False, True])
+def test_fused_fwd_vs_solve_in_kernel_compiles(precise):
+    """vs2 / vs2p (session 15, not yet run on a GPU): vs1's state warpgroups unchanged (the same register-operand
+    GEMMs), no Agb load (stage 1 is inside: no a0 argument, g_cumsum written), the auxiliary warpgroup's Q K^T and
+    K K^T on wgmma and the inverse's block products on tf32 mma.sync, named barriers only inside the
+    warpgroups' loops. The auxiliary warpgroup spills ~18 loop-invariant words at 104 registers (bounded here;
+    at 184 / 120 the state warpgroups would spill instead)."""
+    from qla_kernels.gdn.fwd.fused_fwd_vs import PASS_CONFIGS, fused_fwd_vs_program
+
+    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, precise), PASS_CONFIGS)
+    rs64 = "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16"
+    rs128 = "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16"
+    ss = "wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16, false"
+    assert rep.source.count(rs64) == 8 and rep.source.count(rs128) == 2, rep.line()
+    assert rep.source.count(ss) == 2, "Q K^T and K K^T, the auxiliary warpgroup's"
+    assert "a0_desc" not in rep.source and "g_cumsum[" in rep.source
+    tf32 = "mma_sync<tl::DataType::kTensorFloat32"
+    assert rep.source.count(tf32) >= (12 if precise else 4), "the inverse's block products"
+    assert rep.source.count("__syncthreads()") == 1, "only the barrier-init one: the warpgroups sync by name"
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert rep.spill_stores <= 128 and rep.spill_loads <= 128, rep.line()
+    assert not rep.wgmma_serialized, rep.line()
+
+
 @pytest.mark.parametrize(("use_h0", "overlap"), [(True, False), (False, False), (True, True)])
 def test_fused_fwd_ws7_compiles(use_h0, overlap):
     """Rev 7's chain GEMMs take the state and the new values from registers (wgmma's rs form); rev 8

@@ -18,11 +18,18 @@ One CTA per (sequence or piece, value head) and the whole V = 128, 512 threads:
 
 Same arguments as fused_fwd_ws's main build (a0 is stage 1's emit_agb output), so the api can run it as an
 AGB fused kernel ("vs1"). No profile, state-pass or state-store builds yet; states [N, H_v, K, V] only.
+
+solve_in_kernel=True ("vs2", step 2 of the design, session 15: compiled here, never run) drops stage 1: the
+kernel takes the raw gate g, and WG3 forms per chunk, after Pg, the chunk-local cumsum of g (written out as
+g_cumsum), L = StrictLower(diag(beta) K K^T), A0 = (I + L)^-1 by fwd/chunk_inverse.py's block recursion (tf32
+products, 3xTF32 with precise=True) and Agb = Gamma o A0 diag(beta) into the stage the state warpgroups read.
+Arguments: (q, k, v, g, beta, h0, cu_seqlens, o, ht, g_cumsum).
 """
 
 import tilelang
 import tilelang.language as T
 
+from .chunk_inverse import BLK, HALF, make_chunk_inverse
 from .fused_fwd_ws import CHUNK, LOG2E, PASS_CONFIGS, WG
 
 # setmaxnreg per warpgroup: 24 + 192 + 192 + 104 = 512 (the 64 K register file at 128 threads each). The
@@ -30,11 +37,17 @@ from .fused_fwd_ws import CHUNK, LOG2E, PASS_CONFIGS, WG
 NREG_LOAD = 24
 NREG_STATE = 192
 NREG_AUX = 104
+# (solve_in_kernel keeps these: at 184 / 120 the state warpgroups spill a few words; at 192 / 104 only the
+# auxiliary warpgroup does, ~18 loop-invariant words, read back from L1 a few times a chunk)
 
 
-def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial_state: bool):
-    """(q, k, v, g_cumsum, beta, agb, h0, cu_seqlens, o, ht) as fused_fwd_ws_program's main build."""
+def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial_state: bool,
+                         solve_in_kernel: bool = False, precise: bool = False):
+    """(q, k, v, g_cumsum, beta, agb, h0, cu_seqlens, o, ht) as fused_fwd_ws_program's main build; with
+    solve_in_kernel, (q, k, v, g, beta, h0, cu_seqlens, o, ht, g_cumsum). precise: the in-kernel inverse's
+    products in 3xTF32 (stage 1 v4's) instead of one tf32 pass (v4t's)."""
     C = CHUNK
+    assert not precise or solve_in_kernel
     assert dk == 128 and dv == 128, "two state warpgroups of 64 rows of V, K = 128"
     vh = dv // 2
     h_v = T.dynamic("h_v")
@@ -108,19 +121,12 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
         for i, j in T.Parallel(vh, dk):
             ht[seq, bh, j, v0 + i] = s[i, j]
 
-    @T.prim_func
-    def fused_fwd_vs(
-        q: T.Tensor((1, nt, h_qk, dk), dtype),
-        k: T.Tensor((1, nt, h_qk, dk), dtype),
-        v: T.Tensor((1, nt, h_v, dv), dtype),
-        g_cumsum: T.Tensor((1, nt, h_v), acc),
-        beta: T.Tensor((1, nt, h_v), acc),
-        a0: T.Tensor((1, nt, h_v, C), dtype),
-        h0: T.Tensor((nh0, h_v, dk, dv), acc),
-        cu_seqlens: T.Tensor((ns + 1,), "int32"),
-        o: T.Tensor((1, nt, h_v, dv), dtype),
-        ht: T.Tensor((ns, h_v, dk, dv), acc),
-    ):
+    alloc_work, chunk_cumsum, solve = make_chunk_inverse(dtype, precise)
+
+    @T.macro
+    def kernel_body(q, k, v, g, beta, a0, h0, cu_seqlens, o, ht, g_cumsum):
+        """g is g_cumsum from stage 1 (a0 its Agb), or with solve_in_kernel the raw gate (a0 None, and the
+        chunk-local cumsum goes out to g_cumsum)."""
         with T.Kernel(ns * h_v, threads=4 * WG) as (bid,):
             seq = T.alloc_var("int32", init=bid // h_v)
             bh = T.alloc_var("int32", init=bid % h_v)
@@ -144,6 +150,11 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
             er_sh = T.alloc_shared((2, C), acc)
             rb_sh = T.alloc_shared((2, C), acc)
             gl_sh = T.alloc_shared((2,), acc)
+            # WG3's gates: with solve_in_kernel g_sh holds the raw gate and gs its chunk-local cumsum
+            # (T.meta_var: bound without renaming the buffer, so vs1's program, and its cache key, stay as they were)
+            gs = T.alloc_shared((2, C), acc) if solve_in_kernel else T.meta_var(g_sh)
+            scan_sh = T.alloc_shared((C,), acc) if solve_in_kernel else T.meta_var(None)
+            work = T.meta_var(alloc_work() if solve_in_kernel else None)
 
             full = T.alloc_barrier(arrive_count=[32, 32])
             aux_ready = T.alloc_barrier(arrive_count=[WG, WG])
@@ -163,10 +174,16 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                         T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh[st, :, :], barrier=full[st])
                         T.tma_copy(v[0, t0 : t0 + C, bh, 0:vh], v_sh0[st, :, :], barrier=full[st])
                         T.tma_copy(v[0, t0 : t0 + C, bh, vh:dv], v_sh1[st, :, :], barrier=full[st])
-                        T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
-                        for i in T.Parallel(C):
-                            g_sh[st, i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
-                            b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
+                        if solve_in_kernel:
+                            # the raw gate, 0 past the end, so the cumsum stays at the last token's there
+                            for i in T.Parallel(C):
+                                g_sh[st, i] = T.if_then_else(t0 + i < end, g[0, T.min(t0 + i, end - 1), bh], 0.0)
+                                b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
+                        else:
+                            T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh[st, :, :], barrier=full[st])
+                            for i in T.Parallel(C):
+                                g_sh[st, i] = g[0, T.min(t0 + i, end - 1), bh]
+                                b_sh[st, i] = beta[0, T.min(t0 + i, end - 1), bh]
                         T.barrier_arrive(full[st])
             elif tx < 2 * WG:
                 state_walk(q_sh, k_sh, v_sh0, a_sh, p_sh, o_sh0, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
@@ -175,30 +192,77 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                 state_walk(q_sh, k_sh, v_sh1, a_sh, p_sh, o_sh1, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
                            h0, o, ht, seq, bh, start, end, n_chunks, 1, 2)  # fmt: skip
             else:
-                # ---- WG3: Pg and the gate vectors ----
+                # ---- WG3: Pg and the gate vectors (with solve_in_kernel: the cumsum of g and Agb too) ----
                 T.set_max_nreg(NREG_AUX, 0)
-                p = T.alloc_fragment((C, C), acc)
+                p = T.alloc_fragment((C, C), acc)  # P, then (solve_in_kernel) K K^T
+                # the inverse's registers (None without it: never read then)
+                col = T.alloc_local((BLK,), acc) if solve_in_kernel else T.meta_var(None)
+                t1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
+                u1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
+                t2 = T.alloc_fragment((HALF, HALF), acc) if solve_in_kernel else T.meta_var(None)
+                u2 = T.alloc_fragment((HALF, HALF), acc) if solve_in_kernel else T.meta_var(None)
                 for c in T.serial(n_chunks):
                     st = c % 2
                     t0 = start + c * C
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    if solve_in_kernel:
+                        chunk_cumsum(g_sh, gs, scan_sh, st)
+                        for i in T.Parallel(C):
+                            if t0 + i < end:
+                                g_cumsum[0, t0 + i, bh] = gs[st, i]
                     T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(C, C):
                         p[i, j] = T.if_then_else(
-                            i >= j, p[i, j] * T.exp2((g_sh[st, i] - g_sh[st, j]) * LOG2E) * scale, 0.0
+                            i >= j, p[i, j] * T.exp2((gs[st, i] - gs[st, j]) * LOG2E) * scale, 0.0
                         )
                     T.copy(p, p_sh[st, :, :])
+                    if solve_in_kernel:
+                        solve(k_sh, b_sh, gs, st, t0, end, p, col, t1, u1, t2, u2, work, a_sh, tx - 3 * WG)
                     for i in T.Parallel(C):
-                        e1_sh[st, i] = T.exp2(g_sh[st, i] * LOG2E)
+                        e1_sh[st, i] = T.exp2(gs[st, i] * LOG2E)
                         er_sh[st, i] = T.if_then_else(
-                            t0 + i < end, T.exp2((g_sh[st, C - 1] - g_sh[st, i]) * LOG2E), 0.0
+                            t0 + i < end, T.exp2((gs[st, C - 1] - gs[st, i]) * LOG2E), 0.0
                         )
                         rb_sh[st, i] = b_sh[st, i] - T.cast(T.cast(b_sh[st, i], dtype), acc)
                     if tx == 3 * WG:
-                        gl_sh[st] = T.exp2(g_sh[st, C - 1] * LOG2E)
+                        gl_sh[st] = T.exp2(gs[st, C - 1] * LOG2E)
                     T.fence_proxy_async()
                     T.barrier_arrive(aux_ready[st])
                     T.barrier_arrive(empty[st])
+
+    if solve_in_kernel:
+
+        @T.prim_func
+        def fused_fwd_vs_solve(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            h0: T.Tensor((nh0, h_v, dk, dv), acc),
+            cu_seqlens: T.Tensor((ns + 1,), "int32"),
+            o: T.Tensor((1, nt, h_v, dv), dtype),
+            ht: T.Tensor((ns, h_v, dk, dv), acc),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+        ):
+            kernel_body(q, k, v, g, beta, None, h0, cu_seqlens, o, ht, g_cumsum)
+
+        return fused_fwd_vs_solve
+
+    @T.prim_func
+    def fused_fwd_vs(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        h0: T.Tensor((nh0, h_v, dk, dv), acc),
+        cu_seqlens: T.Tensor((ns + 1,), "int32"),
+        o: T.Tensor((1, nt, h_v, dv), dtype),
+        ht: T.Tensor((ns, h_v, dk, dv), acc),
+    ):
+        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None)
 
     return fused_fwd_vs
 
