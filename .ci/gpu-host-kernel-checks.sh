@@ -38,7 +38,7 @@ if [ -z "${SKIP_LPT:-}" ]; then  # SKIP_LPT=1: when the call's sweep already tim
   lpt lpt-off 50 QLA_LONGEST_FIRST=0
 fi
 
-# Then the one-kernel forward (never run before: its first launch may hang, hence steps under SIGKILL limits):
+# Then the one-kernel forward (first run in session 15, on an H100: correct; steps still under SIGKILL limits):
 # vs1 (session 14, Agb from stage 1) and vs2 / vs2p (session 15, Agb formed in the kernel's auxiliary
 # warpgroup), float64 checks then timing; then session 14's kkt v4t and the harness's kernel-profile tests.
 W=tests/gpu/test_qla_fused_ws.py

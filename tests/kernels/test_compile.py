@@ -91,7 +91,8 @@ def test_fused_fwd_ws_compiles(rev, block_v, profile):
 
 @pytest.mark.parametrize("use_h0", [True, False])
 def test_fused_fwd_vs_compiles(use_h0):
-    """vs1 (session 14, not yet run on a GPU): both state warpgroups' five chain and output GEMMs take the state
+    """vs1 (session 14; passed its GPU checks on an H100 in session 15): both state warpgroups' five chain and
+    output GEMMs take the state
     or the new values as wgmma's register operand (4 rs of N = 64 and 1 of N = 128 each), V^T Agb^T reads V
     transposed from shared memory, Q K^T is WG3's; 24 + 192 + 192 + 104 registers, nothing spilled or
     serialised."""
@@ -114,11 +115,11 @@ def test_fused_fwd_vs_compiles(use_h0):
 
 @pytest.mark.parametrize("precise", [False, True])
 def test_fused_fwd_vs_solve_in_kernel_compiles(precise):
-    """vs2 / vs2p (session 15, not yet run on a GPU): vs1's state warpgroups unchanged (the same register-operand
-    GEMMs), no Agb load (stage 1 is inside: no a0 argument, g_cumsum written), the auxiliary warpgroup's Q K^T and
-    K K^T on wgmma and the inverse's block products on tf32 mma.sync, named barriers only inside the
-    warpgroups' loops. The auxiliary warpgroup spills ~18 loop-invariant words at 104 registers (bounded here;
-    at 184 / 120 the state warpgroups would spill instead)."""
+    """vs2 / vs2p (session 15; correct on an H100, not yet fast): vs1's state warpgroups unchanged (the same
+    register-operand GEMMs), no Agb load (stage 1 is inside: no a0 argument, g_cumsum written), the auxiliary
+    warpgroup's Q K^T and K K^T on wgmma and the inverse's block products on tf32 mma.sync, named barriers only
+    inside the warpgroups' loops. The auxiliary warpgroup spills ~18 loop-invariant words at 104 registers
+    (bounded here; at 184 / 120 the state warpgroups would spill instead)."""
     from qla_kernels.gdn.fwd.fused_fwd_vs import PASS_CONFIGS, fused_fwd_vs_program
 
     rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, precise), PASS_CONFIGS)
