@@ -100,16 +100,16 @@ FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "w
 # O staged for its TMA store by stmatrix; H200, session 13: ws11's errors, 1.026x ws6's speed over qwen35-fwd before
 # the stmatrix change, 0.98-1.01x ws10's per config after it; auto's kernel)
 WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8, "ws12": 9}
-# "vs1" (fused_fwd_vs.py, session 14; H100, session 15: correct, its fused part at ws12's speed): the state split over
-# two warpgroups
-# along V as S^T, every chain GEMM with the state as wgmma's register operand, a third warpgroup forming Pg; the
-# whole V per CTA (block_v 128 only), states [N,H_v,K,V] only; step 1 of NOTES.md's one-kernel design
+# "vs1" (fused_fwd_vs.py, session 14; H100, session 15: correct, its fused part at ws12's speed): the state split
+# over two warpgroups along V as S^T, every chain GEMM with the state as wgmma's register operand, a third
+# warpgroup forming Pg; the whole V per CTA (block_v 128 only), states [N,H_v,K,V] only; step 1 of NOTES.md's
+# one-kernel design
 VS_IMPLS = ("vs1", "vs2", "vs2p")
 VS_BLOCK_V = 128
-# "vs2" / "vs2p" (session 15; H100: correct, but 1.6x slower than kkt + ws12, its auxiliary warpgroup at ~8 us a
-# chunk sets the step): vs1 with stage 1 inside (fwd/chunk_inverse.py in
-# its auxiliary warpgroup): no kkt launch, the raw gate in, g_cumsum out; the inverse's products in one tf32
-# pass (kkt v4t's) or 3xTF32 (v4's). name -> precise. No CP state pass of its own: these run without CP.
+# "vs2" / "vs2p" (session 15; H100: correct, but 1.6x slower than kkt + ws12: its auxiliary warpgroup, at ~8 us a
+# chunk, sets the step): vs1 with stage 1 inside (fwd/chunk_inverse.py in its auxiliary warpgroup): no kkt
+# launch, the raw gate in, g_cumsum out; the inverse's products in one tf32 pass (kkt v4t's) or 3xTF32 (v4's).
+# name -> precise. No CP state pass of its own: these run without CP.
 SOLVE_IN_KERNEL_IMPLS = {"vs2": False, "vs2p": True}
 # fused implementations that take stage 1's emit_agb output instead of A0
 AGB_IMPLS = ("ws10", "ws11", "ws12", "vs1", "vs2", "vs2p")

@@ -195,3 +195,19 @@ def test_transition_bound_behind_the_state_pass_skip():
     bounds = g[0].double().sum(0).exp()
     assert (norms <= bounds * (1 + 1e-9)).all(), (norms, bounds)
     assert bounds[0] == 1.0 and bounds[2] < 1e-10  # the bound spans no decay to a skipped piece
+
+
+def test_walk_order_from_the_environment(monkeypatch):
+    """Longest first by default (H100, session 15: 1.09-1.22x on the queueing mixes); QLA_LONGEST_FIRST=0 walks
+    in input order, for timing the difference; anything else is refused by name."""
+    from qla_kernels.gdn.api import _walk_order
+
+    order = torch.tensor([2, 0, 1], dtype=torch.int32)
+    monkeypatch.delenv("QLA_LONGEST_FIRST", raising=False)
+    assert _walk_order(order) is order
+    monkeypatch.setenv("QLA_LONGEST_FIRST", "0")
+    walked = _walk_order(order)
+    assert walked.tolist() == [0, 1, 2] and walked.dtype == torch.int32
+    monkeypatch.setenv("QLA_LONGEST_FIRST", "yes")
+    with pytest.raises(ValueError, match=r"\$QLA_LONGEST_FIRST must be '0' or '1'"):
+        _walk_order(order)
