@@ -35,9 +35,14 @@ fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$dest/fwd-gpu.txt" 2>&1
 echo "commit ${QLA_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null)}; QLA_* $(env | grep '^QLA_' | tr '\n' ' ')" \
   >> "$dest/fwd-gpu.txt"
-step events 130 /tmp/fwd-events/qwen35-fwd-fwd.jsonl \
-  fwd --sweep qwen35-fwd --backends qla --timers events --out /tmp/fwd-events --no-report
-step edge 220 /tmp/fwd-edge/numerics/check-fwd.jsonl \
-  check --sweep edge --backends qla,fla --out /tmp/fwd-edge
-step graph 200 /tmp/fwd-graph/qwen35-fwd-fwd.jsonl \
-  fwd --sweep qwen35-fwd --backends qla --timers graph --out /tmp/fwd-graph --no-report
+for s in $steps; do
+  case $s in
+    events) step events "$events_limit" $work/events/qwen35-fwd-fwd.jsonl \
+      fwd --sweep qwen35-fwd --backends "$backends" --timers events --out $work/events --no-report ;;
+    edge) step edge 220 $work/edge/numerics/check-fwd.jsonl \
+      check --sweep edge --backends qla,fla --out $work/edge ;;
+    graph) step graph 200 $work/graph/qwen35-fwd-fwd.jsonl \
+      fwd --sweep qwen35-fwd --backends "$backends" --timers graph --out $work/graph --no-report ;;
+    *) echo "unknown step $s (events, edge, graph)"; exit 2 ;;
+  esac
+done
