@@ -11,7 +11,13 @@
 # results/H200/qwen35-fwd-fwd.jsonl and results/H200/numerics/edge-check-fwd.jsonl after reading them.
 # A variant under evaluation runs the same way with its switch set (QLA_KKT_IMPL=v4t bash ...): rows record
 # the QLA_* variables, and such rows belong under results/H200/dev/, not in the main files.
+# FWD_STEPS (default "events edge graph") picks and orders the steps; FWD_BACKENDS (default qla) names the
+# timed backends (on a GPU without committed baselines: FWD_BACKENDS=qla,flashqla,fla).
 set -u
+steps=${FWD_STEPS:-events edge graph}
+backends=${FWD_BACKENDS:-qla}
+events_limit=${FWD_EVENTS_LIMIT:-130}  # seconds for the events step (more when baselines are timed too)
+work=$(mktemp -d /tmp/fwd-XXXX)  # fresh per call: the CLI resumes from rows already in its --out folder
 total=${1:-560}
 dest=${OUT:-./fwd-results}
 mkdir -p "$dest"
