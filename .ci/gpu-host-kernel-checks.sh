@@ -20,31 +20,29 @@ step() {  # [VAR=value ...] step NAME LIMIT PYTEST-ARGS...: the assignments reac
   echo "$name rc=$? t=$(( $(date +%s) - t0 )) s: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$dest/$name.log" | tail -1)"
 }
 
-# Session 15: the longest-first grid order against the input order on the eight qwen35-fwd configs whose short
-# sequence comes first and whose CTAs queue (the cost model: 1.19x on them); rows in $dest/lpt-*.jsonl.
-lpt() {  # lpt NAME LIMIT [VAR=value ...]: qla on those configs, CUDA events, rows copied back
-  local name=$1 limit=$2; shift 2
+# Session 16: the forward's stage 1 for ws12 is kkt v4t by default (the edge check passed on an H100); A/B
+# against v4 through the harness on two head configs (38 qwen35-fwd configs, qla only, CUDA events): rows in
+# $dest/kkt-*.jsonl. Session 15's longest-first A/B (1.136x on its eight configs) stays available: LPT=1.
+ab() {  # ab NAME LIMIT HEADS [VAR=value ...]: qla on those head configs' qwen35-fwd mixes, rows copied back
+  local name=$1 limit=$2 heads=$3; shift 3
   local budget; budget=$(left)
   (( budget < limit )) && limit=$budget
   if (( limit < 20 )); then echo "skip $name: out of time"; return; fi
-  env "$@" timeout -s KILL "$limit" python cli.py fwd --backends qla --heads 16/48,8/24 \
-    --seqlens 8192+24576,4096+28672,2048+6144,1024+7168 --timers events --out "/tmp/$name" --no-report \
-    > "$dest/$name.log" 2>&1
+  env "$@" timeout -s KILL "$limit" python cli.py fwd --backends qla --sweep qwen35-fwd --heads "$heads" \
+    --timers events --out "/tmp/$name" --no-report > "$dest/$name.log" 2>&1
   echo "$name rc=$? t=$(( $(date +%s) - t0 )) s"
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
-if [ -z "${SKIP_LPT:-}" ]; then  # SKIP_LPT=1: when the call's sweep already timed the default order
-  lpt lpt-on 50
-  lpt lpt-off 50 QLA_LONGEST_FIRST=0
+if [ -n "${LPT:-}" ]; then
+  ab lpt-on 50 16/48,8/24
+  ab lpt-off 50 16/48,8/24 QLA_LONGEST_FIRST=0
 fi
 
-# Then the one-kernel forward (first run in session 15, on an H100: correct; steps still under SIGKILL limits):
-# vs1 (session 14, Agb from stage 1) and vs2 / vs2p (session 15, Agb formed in the kernel's auxiliary
-# warpgroup), float64 checks then timing; then session 14's kkt v4t and the harness's kernel-profile tests.
+# The one-kernel forward: vs2 / vs2p with session 16's lean auxiliary warpgroup (float64 checks, the profile
+# build's phases, then timing against ws12 and vs1), then the kkt A/B.
 W=tests/gpu/test_qla_fused_ws.py
-K=tests/gpu/test_qla_kkt_v3.py
-step vs-check 120 "$W" -k "matches_reference and (vs1 or vs2)"
-STEP_ENV="WS_TIMING_IMPLS=ws12,vs1,vs2,vs2p" step vs-time 90 "$W" -k time_fused
-STEP_ENV="QLA_KKT_TEST_IMPLS=v4,v4t" step kkt-v4t-check 100 "$K" -k "not time and not profile"
-STEP_ENV="QLA_KKT_TEST_IMPLS=v4,v4t" step kkt-v4t-time 50 "$K" -k "time_kkt"
-step harness-profiles 60 tests/gpu/test_harness_gpu.py -k kernel_profile
+step vs-check 150 "$W" -k "matches_reference and vs2"
+step vs-profile 80 "$W" -k profile_vs_phases
+STEP_ENV="WS_TIMING_IMPLS=ws12,vs1,vs2,vs2p" step vs-time 100 "$W" -k time_fused
+ab kkt-v4t 80 2/8,16/64
+ab kkt-v4 80 2/8,16/64 QLA_KKT_IMPL=v4

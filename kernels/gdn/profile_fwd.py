@@ -40,7 +40,7 @@ def _fused_args(q, k, v, g, beta, initial_state, cu_seqlens, emit_agb: bool = Fa
     h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
     plan = _plan(q, cu_seqlens)
     qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
-    g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None), kf, gf, bf, plan, emit_agb)
+    g_cumsum, a0 = _launch_kkt(resolve_kkt_impl(None, emit_agb), kf, gf, bf, plan, emit_agb)
     use_h0 = initial_state is not None
     h0 = initial_state.contiguous() if use_h0 else torch.zeros(1, h_v, HEAD_DIM, HEAD_DIM, device=q.device)
     o = torch.empty_like(vf)
@@ -99,6 +99,46 @@ def profile_fused_ws7(
     torch.cuda.synchronize()
     total = prof.double().sum(0) / (plan.num_chunks * h_v * slices)  # per chunk-step
     return {f"WG{w}": {name: round(total[w, i].item(), 1) for i, name in enumerate(PHASES[w])} for w in range(4)}
+
+
+def profile_fused_vs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    precise: bool = False,
+) -> dict[str, dict[str, float]]:
+    """{warpgroup: {phase: mean cycles per chunk}} for one launch of the profile build of fused_fwd_vs with
+    stage 1 inside (vs2, precise: vs2p): WG1 (a state warpgroup) and WG3 (Pg and the inverse). The launch's
+    o and final state are checked against the plain build's, so a profile of a broken build cannot pass."""
+    from .fwd.fused_fwd_vs import NUM_PHASES, PHASES, fused_fwd_vs_kernel
+
+    h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
+    plan = _plan(q, cu_seqlens)
+    qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
+    use_h0 = initial_state is not None
+    h0 = initial_state.contiguous() if use_h0 else torch.zeros(1, h_v, HEAD_DIM, HEAD_DIM, device=q.device)
+    dt, scale = _TL_DTYPE[q.dtype], HEAD_DIM**-0.5
+    outs = []
+    for profile in (False, True):
+        o, g_cumsum = torch.empty_like(vf), torch.empty_like(gf)
+        ht = torch.empty(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=q.device)
+        args = [qf, kf, vf, gf, bf, h0, plan.cu_seqlens, o, ht, g_cumsum]
+        if profile:
+            prof = torch.zeros(plan.num_seqs * h_v, 2, NUM_PHASES, dtype=torch.int64, device=q.device)
+            args.append(prof)
+        build = (True,) if profile else ()  # the plain build as the api compiles it (the same cache entry)
+        fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, True, precise, *build)(*args)
+        outs.append((o, ht))
+    torch.cuda.synchronize()
+    if not (torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])):
+        raise RuntimeError("fused_fwd_vs's profile build computed another o or final state than its plain build")
+    total = prof.double().sum(0) / (plan.num_chunks * h_v)  # per chunk-step
+    return {wg: {name: round(total[w, i].item(), 1) for i, name in enumerate(PHASES[w])}
+            for w, wg in enumerate(("WG1", "WG3"))}
 
 
 def profile_kkt(

@@ -112,7 +112,8 @@ class QlaBackend(Backend):
         flags["qla_fused"] = f"auto ({plan.WS_IMPL}, V-slice by config)" if fused == "auto" else fused
         if (plan.WS_IMPL if fused == "auto" else fused) in api.AGB_IMPLS:  # no A0: bwd and train run ws6
             flags["qla_fused"] += f"; {api.A0_FALLBACK_IMPL} where a backward follows"
-        flags["qla_kkt"] = api.resolve_kkt_impl()
+        kkt, kkt_agb = api.resolve_kkt_impl(), api.resolve_kkt_impl(emit_agb=True)
+        flags["qla_kkt"] = kkt if kkt == kkt_agb else f"{kkt}; {kkt_agb} where it writes Agb (forward only)"
         flags["qla_cp"] = f"on (combine: {api.resolve_cp_combine()})" if api.resolve_cp() else "off"
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         flags["qla_bwd_states"] = bwd_api.resolve_states_impl()

@@ -56,7 +56,7 @@ def test_modes_and_flags(monkeypatch):
     flags = b.env_flags()
     assert "TileLang" in flags["qla_bwd"]
     assert flags["qla_fused"] == "auto (ws12, V-slice by config); ws6 where a backward follows"
-    assert flags["qla_kkt"] == "v4"
+    assert flags["qla_kkt"] == "v4; v4t where it writes Agb (forward only)"
     monkeypatch.setenv("QLA_FUSED_IMPL", "ws10")  # no A0: bwd and train rows say their forward ran ws6
     assert QlaBackend().env_flags()["qla_fused"] == "ws10; ws6 where a backward follows"
     assert flags["qla_cp"] == "on (combine: kernel)"

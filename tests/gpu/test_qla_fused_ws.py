@@ -187,6 +187,37 @@ def test_profile_phases():
                    "device": torch.cuda.get_device_name(), "rows": out}, fh, indent=1)
 
 
+PROFILE_VS = [
+    # (h_qk, h_v, sequence lengths, precise)
+    (16, 64, [8192] * 4, False),
+    (2, 8, [32768], False),
+    (16, 64, [8192] * 4, True),
+]
+
+
+def test_profile_vs_phases():
+    """Cycles per chunk of vs2's (and vs2p's) state warpgroup WG1 and auxiliary warpgroup WG3 (not an assertion
+    on speed): whether WG1 waits on WG3 (its "wait aux_ready") and which of WG3's phases set the step."""
+    from qla_kernels.gdn.profile_fwd import profile_fused_vs
+
+    out = []
+    for h_qk, h_v, lens, precise in PROFILE_VS:
+        (q, k, v, g, beta), s0 = make_inputs(1, sum(lens), h_qk, h_v, seed=0, n=len(lens))
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        phases = profile_fused_vs(q, k, v, g, beta, s0, cu, precise)
+        out.append({"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}", "precise": precise,
+                    "cycles": phases})
+        for wg, ph in phases.items():
+            print(f"[vs-phases] {h_qk}/{h_v} {lens[0]}x{len(lens)} precise={precise} {wg}: "
+                  + ", ".join(f"{n}={c:.0f}" for n, c in ph.items()), flush=True)
+        assert all(c >= 0 for ph in phases.values() for c in ph.values())
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "fused_vs_phases.json"), "w") as fh:
+        json.dump({"unit": "clock64 cycles per chunk, mean over CTAs, first thread of each warpgroup",
+                   "device": torch.cuda.get_device_name(), "rows": out}, fh, indent=1)
+
+
 PROFILE_WS7 = [
     # (h_qk, h_v, sequence lengths, overlap, lean_prep)
     (2, 8, [32768], True, False),

@@ -133,8 +133,23 @@ def test_fused_fwd_vs_solve_in_kernel_compiles(precise):
     assert rep.source.count(tf32) >= (12 if precise else 4), "the inverse's block products"
     assert rep.source.count("__syncthreads()") == 1, "only the barrier-init one: the warpgroups sync by name"
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
-    assert rep.spill_stores <= 128 and rep.spill_loads <= 128, rep.line()
+    limit = 160 if precise else 128  # session 16: vs2p's lo/hi operand writes, 116 / 140 B
+    assert rep.spill_stores <= limit and rep.spill_loads <= limit, rep.line()
     assert not rep.wgmma_serialized, rep.line()
+    # session 16's lean auxiliary warpgroup: one barrier phase per step of the inverse, not ~25
+    aux = rep.source[rep.source.index("warpgroup_reg_dealloc<104>"):]
+    assert aux.count("__sync_thread_partial") <= 14, aux.count("__sync_thread_partial")
+
+
+def test_fused_fwd_vs_profile_build_compiles():
+    """vs2's profile build: clock64 reads in WG1 and WG3, the prof argument last, the same GEMMs."""
+    from qla_kernels.gdn.fwd.fused_fwd_vs import NUM_PHASES, PASS_CONFIGS, PHASES, fused_fwd_vs_program
+
+    assert NUM_PHASES == max(len(p) for p in PHASES) == 8
+    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, False, True), PASS_CONFIGS)
+    assert "clock64" in rep.source and "prof[" in rep.source
+    assert rep.source.count("mma_sync<tl::DataType::kTensorFloat32") >= 4
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
 
 @pytest.mark.parametrize(("use_h0", "overlap"), [(True, False), (False, False), (True, True)])

@@ -17,6 +17,8 @@ from qla_kernels.gdn.checks import check_kkt_args
 def test_default_is_v4_verified_on_the_h200(monkeypatch):
     monkeypatch.delenv("QLA_KKT_IMPL", raising=False)
     assert DEFAULT_KKT_IMPL == "v4" and resolve_kkt_impl() == "v4"  # session 7: 0.82x v3h's time
+    # where stage 1 writes Agb for a forward-only kernel: v4t (session 16's edge check; A0 for a backward stays v4)
+    assert resolve_kkt_impl(emit_agb=True) == "v4t" and resolve_kkt_impl("v4", emit_agb=True) == "v4"
     assert {"v2", "v3"} <= set(KKT_IMPLS)
 
 
@@ -24,6 +26,7 @@ def test_env_and_argument(monkeypatch):
     monkeypatch.setenv("QLA_KKT_IMPL", "v2")
     assert resolve_kkt_impl() == "v2"
     assert resolve_kkt_impl("v3") == "v3"  # the explicit argument wins
+    assert resolve_kkt_impl(emit_agb=True) == "v2"  # $QLA_KKT_IMPL names the kernel for every path
     monkeypatch.setenv("QLA_KKT_IMPL", " ")
     assert resolve_kkt_impl() == "v4"
 

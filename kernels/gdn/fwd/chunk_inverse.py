@@ -11,6 +11,17 @@ Buffers are allocated once per CTA (alloc_work, in the kernel's top scope) and p
 run inside the auxiliary warpgroup's branch: TileLang turns their shared-memory hazards into named barriers
 over that warpgroup's 128 threads (seen in vs1's generated CUDA), never into __syncthreads.
 
+Each barrier phase costs the warpgroup a shared-memory round trip, so the work is laid out in few of them
+(session 16; session 15's first form had ~25 and took ~14 K cycles a chunk on an H100):
+    cumsum        every thread of the first 64 sums its prefix itself (four partial sums): one phase, not 12
+    L             K K^T's fragment writes L's diagonal blocks, blockdiag(L10, L32) and L21 straight into the
+                  operand buffers (no full L in shared memory, no copy phase)
+    diagonal      right-looking substitution (the updates of one step are independent: ~15 FMA latencies,
+                  not 120), each column written straight into the operands that use it
+    products      four tf32 products, one phase each
+The operands' blocks that are always zero are written once per CTA (clear_constant_blocks), as is Agb's
+upper-right block.
+
     X_b = (I + L_bb)^-1, b = 0..3               forward substitution in fp32, one thread per column
     [X10; X32] = -blockdiag(X1, X3) blockdiag(L10, L32) [X0; X2]
     X21 = -X22 L21 X11                          (32 x 32 blocks)
@@ -26,19 +37,23 @@ from .kkt_solve_v3 import _tf32_hi
 CHUNK = 64
 BLK = 16
 HALF = 32
-LPAD = 8  # L's row padding (floats), as kkt_solve_v3's lean scatter
 LOG2E = 1.4426950408889634
-SCAN_STEPS = (1, 2, 4, 8, 16, 32)  # Hillis-Steele over the 64 gates of a chunk
 
 
 def make_chunk_inverse(dtype: str, precise: bool):
-    """(alloc_work, chunk_cumsum, solve) for bf16/fp16 K tiles of CHUNK rows.
+    """(alloc_work, clear_constant_blocks, phases) for bf16/fp16 K tiles of CHUNK rows; phases is a dict of
+    macros run in this order by one warpgroup (tw: the thread's index within it):
 
-    alloc_work() -> dict of shared buffers (call it in the kernel's top scope; ~27 KB, ~45 KB precise).
-    chunk_cumsum(g_sh, gc_sh, scan_sh, st): gc_sh[st, :] = inclusive prefix sums of g_sh[st, :].
-    solve(k_sh, b_sh, gc_sh, st, t0, end, kk, col, t1, u1, t2, u2, work, agb_sh, tw): Agb of stage st into
-    agb_sh[st]; kk is a (CHUNK, CHUNK) fp32 fragment, col a (BLK,) local, t1/u1 (HALF, BLK) and t2/u2
-    (HALF, HALF) fp32 fragments; tw the thread's index within the warpgroup. Tokens at or past `end` get
+      cumsum(g_sh, gc_sh, st, tw, part)          gc_sh[st, :] = inclusive prefix sums of g_sh[st, :]
+      lower(kk, b_sh, st, t0, end, work)         kk = K K^T (a (CHUNK, CHUNK) fp32 fragment) -> L's operands
+      diagonal(col, work, tw)                    X_b = (I + L_bb)^-1 into the operands (col: a (BLK,) local)
+      level1(t1, u1, work)                       X10, X32 into x11, x22 (t1, u1: (HALF, BLK) fragments)
+      level2(t2, u2, b_sh, gc_sh, st, t0, end, work, agb_sh)
+                                                 X21 = -X22 L21 X11 and Agb = Gamma o A0 diag(beta) into
+                                                 agb_sh[st] (t2, u2: (HALF, HALF) fragments)
+
+    alloc_work() -> dict of shared buffers (call it in the kernel's top scope; ~18 KB, ~36 KB precise).
+    clear_constant_blocks(work, agb_sh, tw): once per CTA, before the first chunk. Tokens at or past `end` get
     beta = 0: their rows of L are zero and their columns of Agb too.
     """
     acc = "float32"
@@ -46,10 +61,7 @@ def make_chunk_inverse(dtype: str, precise: bool):
     parts = ("hi", "lo") if precise else ("hi",)
 
     def alloc_work() -> dict:
-        work = {
-            "l": T.alloc_shared((C, C + LPAD), acc),  # L, all of it (rows padded against bank conflicts)
-            "dx": T.alloc_shared((C, BLK + 1), acc),  # X_0..X_3 stacked 16 wide
-        }
+        work = {"ld": T.alloc_shared((C, BLK + 1), acc)}  # L's four diagonal 16 x 16 blocks, stacked
         shapes = {"a1": (HALF, HALF), "b1": (HALF, BLK), "a2": (HALF, HALF), "t1": (HALF, BLK),
                   "l21": (HALF, HALF), "x11": (HALF, HALF), "x22": (HALF, HALF), "t2": (HALF, HALF)}  # fmt: skip
         for name, shape in shapes.items():
@@ -87,16 +99,6 @@ def make_chunk_inverse(dtype: str, precise: bool):
         """The fp32 value an operand buffer holds."""
         return hi(work, name)[r, c] + lo(work, name)[r, c] if precise else hi(work, name)[r, c]
 
-    @T.macro
-    def chunk_cumsum(g_sh, gc_sh, scan_sh, st):
-        for i in T.Parallel(C):
-            gc_sh[st, i] = g_sh[st, i]
-        for d in T.unroll(len(SCAN_STEPS)):
-            for i in T.Parallel(C):
-                scan_sh[i] = gc_sh[st, i] + T.if_then_else(i >= (1 << d), gc_sh[st, T.max(i - (1 << d), 0)], 0.0)
-            for i in T.Parallel(C):
-                gc_sh[st, i] = scan_sh[i]
-
     def beta_in(b_sh, st, t0, end, i):
         return T.if_then_else(t0 + i < end, b_sh[st, i], 0.0)
 
@@ -105,60 +107,89 @@ def make_chunk_inverse(dtype: str, precise: bool):
         return T.if_then_else(i >= j, T.exp2((gc_sh[st, i] - gc_sh[st, j]) * LOG2E), 0.0)
 
     @T.macro
-    def solve(k_sh, b_sh, gc_sh, st, t0, end, kk, col, t1, u1, t2, u2, work, agb_sh, tw):
-        l_sh = work["l"]
-        dx_sh = work["dx"]
-        T.gemm(k_sh[st, :, :], k_sh[st, :, :], kk, transpose_B=True, clear_accum=True)
+    def clear_constant_blocks(work, agb_sh, tw):
+        """The blocks no chunk writes: a1's and a2's off-diagonal 16 x 16 blocks, the upper-right 16 x 16
+        blocks of x11 and x22, and Agb's upper-right 32 x 32 block in both stages."""
+        for e in T.serial(BLK * BLK // (4 * 32)):
+            r = (e * 4 * 32 + tw) // BLK
+            c = (e * 4 * 32 + tw) % BLK
+            put(0.0, work, "a1", r, BLK + c)
+            put(0.0, work, "a1", BLK + r, c)
+            put(0.0, work, "a2", r, BLK + c)
+            put(0.0, work, "a2", BLK + r, c)
+            put(0.0, work, "x11", r, BLK + c)
+            put(0.0, work, "x22", r, BLK + c)
+        for e in T.serial(2 * HALF * HALF // (4 * 32)):
+            idx = e * 4 * 32 + tw
+            agb_sh[idx // (HALF * HALF), (idx // HALF) % HALF, HALF + idx % HALF] = T.cast(0.0, dtype)
+
+    @T.macro
+    def cumsum(g_sh, gc_sh, st, tw, part):
+        """Thread i < CHUNK: gc_sh[st, i] = g_sh[st, 0] + ... + g_sh[st, i], in four interleaved partial sums
+        (part: a (4,) fp32 local) so the adds overlap; every thread reads the same word at once (broadcast)."""
+        if tw < C:
+            for m in T.unroll(4):
+                part[m] = 0.0
+            for j in T.unroll(C):  # unrolled: constant indices into part, which stays in registers
+                part[j % 4] = part[j % 4] + T.if_then_else(j <= tw, g_sh[st, j], 0.0)
+            gc_sh[st, tw] = (part[0] + part[1]) + (part[2] + part[3])
+
+    @T.macro
+    def lower(kk, b_sh, st, t0, end, work):
+        """L = StrictLower(diag(beta) K K^T) from the fragment into the operands that read it: the diagonal
+        blocks (ld), blockdiag(L10, L32) (a1) and L21 (l21)."""
+        ld = work["ld"]
         for i, j in T.Parallel(C, C):
-            kk[i, j] = T.if_then_else(i > j, kk[i, j] * beta_in(b_sh, st, t0, end, i), 0.0)
-        T.copy(kk, l_sh[0:C, 0:C])
-        # level-1 and level-2 operands taken from L: blockdiag(L10, L32) and L21
-        for r, c in T.Parallel(HALF, HALF):
-            put(T.if_then_else(r // BLK == c // BLK, l_sh[r // BLK * HALF + BLK + r % BLK, r // BLK * HALF + c % BLK],
-                               0.0), work, "a1", r, c)  # fmt: skip
-        for r, c in T.Parallel(HALF, HALF):
-            put(l_sh[HALF + r, c], work, "l21", r, c)
-        # the four diagonal blocks: thread (block b, column c) of the first 64 solves (I + L_bb) x = e_c
+            x = T.if_then_else(i > j, kk[i, j] * beta_in(b_sh, st, t0, end, i), 0.0)
+            if i // BLK == j // BLK:
+                ld[i, j % BLK] = x
+            if i // BLK % 2 == 1 and j // BLK == i // BLK - 1:
+                put(x, work, "a1", i // HALF * BLK + i % BLK, i // HALF * BLK + j % BLK)
+            if i >= HALF and j < HALF:
+                put(x, work, "l21", i - HALF, j)
+
+    @T.macro
+    def diagonal(col, work, tw):
+        """Thread (b, c) = (tw // 16, tw % 16) of the first 64: column c of X_b = (I + L_bb)^-1 by right-looking
+        substitution, written to [X0; X2] (b1), blockdiag(X1, X3) (a2) and the diagonal blocks of x11, x22."""
+        ld = work["ld"]
         if tw < 4 * BLK:
+            b = tw // BLK
+            c = tw % BLK
+            for i in T.unroll(BLK):  # unrolled: constant indices into col, which stays in registers
+                col[i] = T.if_then_else(c == i, 1.0, 0.0)
+            for j in T.unroll(BLK):
+                for i in T.unroll(BLK):
+                    if i > j:
+                        col[i] = col[i] - ld[b * BLK + i, j] * col[j]
             for i in T.unroll(BLK):
-                col[i] = T.if_then_else(tw % BLK == i, 1.0, 0.0)
-                for j in T.unroll(i):
-                    col[i] = col[i] - l_sh[tw // BLK * BLK + i, tw // BLK * BLK + j] * col[j]
-            for i in T.unroll(BLK):
-                dx_sh[tw // BLK * BLK + i, tw % BLK] = col[i]
-        # level 1: [X10; X32] = -blockdiag(X1, X3) (blockdiag(L10, L32) [X0; X2])
-        for r, c in T.Parallel(HALF, BLK):
-            put(dx_sh[r // BLK * HALF + r % BLK, c], work, "b1", r, c)
-        for r, c in T.Parallel(HALF, HALF):
-            put(T.if_then_else(r // BLK == c // BLK, dx_sh[r // BLK * HALF + BLK + r % BLK, c % BLK], 0.0),
-                work, "a2", r, c)  # fmt: skip
+                if b % 2 == 0:
+                    put(col[i], work, "b1", b // 2 * BLK + i, c)
+                else:
+                    put(col[i], work, "a2", b // 2 * BLK + i, b // 2 * BLK + c)
+                if b < 2:
+                    put(col[i], work, "x11", b * BLK + i, b * BLK + c)
+                else:
+                    put(col[i], work, "x22", (b - 2) * BLK + i, (b - 2) * BLK + c)
+
+    @T.macro
+    def level1(t1, u1, work):
+        """[X10; X32] = -blockdiag(X1, X3) (blockdiag(L10, L32) [X0; X2]) into x11's and x22's lower-left."""
         product(work, "a1", "b1", t1)
         for r, c in T.Parallel(HALF, BLK):
             put(t1[r, c], work, "t1", r, c)
         product(work, "a2", "t1", u1)
-        # level 2: X11 = [X0 0; X10 X1], X22 = [X2 0; X32 X3]; X21 = -X22 (L21 X11). Every element of each
-        # operand is written by one loop that covers its region whole (no conditionally skipped stores)
         for r, c in T.Parallel(HALF, BLK):
             if r < BLK:
                 put(-u1[r, c], work, "x11", BLK + r, c)
             else:
                 put(-u1[r, c], work, "x22", r, c)
-        for r, c in T.Parallel(BLK, BLK):
-            put(dx_sh[r, c], work, "x11", r, c)
-            put(0.0, work, "x11", r, BLK + c)
-            put(dx_sh[BLK + r, c], work, "x11", BLK + r, BLK + c)
-            put(dx_sh[HALF + r, c], work, "x22", r, c)
-            put(0.0, work, "x22", r, BLK + c)
-            put(dx_sh[HALF + BLK + r, c], work, "x22", BLK + r, BLK + c)
+
+    @T.macro
+    def level2(t2, u2, b_sh, gc_sh, st, t0, end, work, agb_sh):
+        """X21 = -X22 (L21 X11); Agb's diagonal 32 x 32 blocks (from x11, x22) go out alongside the first
+        product, its lower-left block (from X21) after the second; all rounded once from fp32."""
         product(work, "l21", "x11", t2)
-        for r, c in T.Parallel(HALF, HALF):
-            put(t2[r, c], work, "t2", r, c)
-        product(work, "x22", "t2", u2)
-        # Agb = Gamma o A0 diag(beta), rounded once from fp32
-        for r, c in T.Parallel(HALF, HALF):
-            agb_sh[st, HALF + r, c] = T.cast(
-                -u2[r, c] * beta_in(b_sh, st, t0, end, c) * T.exp2((gc_sh[st, HALF + r] - gc_sh[st, c]) * LOG2E), dtype
-            )
         for r, c in T.Parallel(HALF, HALF):
             agb_sh[st, r, c] = T.cast(value(work, "x11", r, c) * beta_in(b_sh, st, t0, end, c) * gate(gc_sh, st, r, c),
                                       dtype)  # fmt: skip
@@ -166,6 +197,13 @@ def make_chunk_inverse(dtype: str, precise: bool):
                 value(work, "x22", r, c) * beta_in(b_sh, st, t0, end, HALF + c) * gate(gc_sh, st, HALF + r, HALF + c),
                 dtype,
             )
-            agb_sh[st, r, HALF + c] = T.cast(0.0, dtype)
+        for r, c in T.Parallel(HALF, HALF):
+            put(t2[r, c], work, "t2", r, c)
+        product(work, "x22", "t2", u2)
+        for r, c in T.Parallel(HALF, HALF):
+            agb_sh[st, HALF + r, c] = T.cast(
+                -u2[r, c] * beta_in(b_sh, st, t0, end, c) * T.exp2((gc_sh[st, HALF + r] - gc_sh[st, c]) * LOG2E), dtype
+            )
 
-    return alloc_work, chunk_cumsum, solve
+    phases = {"cumsum": cumsum, "lower": lower, "diagonal": diagonal, "level1": level1, "level2": level2}
+    return alloc_work, clear_constant_blocks, phases

@@ -42,13 +42,26 @@ NREG_AUX = 104
 # auxiliary warpgroup does, ~18 loop-invariant words, read back from L1 a few times a chunk)
 
 
+# The profile build's phases (clock64 cycles of each warpgroup's first thread, summed over its chunks)
+PHASES = (
+    ("wait full", "wait aux_ready", "gemms X Q^T, X K^T", "O1 scale, -W D", "gemms Vnew", "Pg Vnew, S update",
+     "O out"),
+    ("wait full", "cumsum, g_cumsum out", "gemm Q K^T, Pg -> p_sh", "gemm K K^T, L operands", "diagonal blocks",
+     "level 1", "level 2, Agb", "gate vectors, arrive"),
+)
+NUM_PHASES = max(len(p) for p in PHASES)
+
+
 def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial_state: bool,
-                         solve_in_kernel: bool = False, precise: bool = False):
+                         solve_in_kernel: bool = False, precise: bool = False, profile: bool = False):
     """(q, k, v, g_cumsum, beta, agb, h0, cu_seqlens, o, ht) as fused_fwd_ws_program's main build; with
     solve_in_kernel, (q, k, v, g, beta, h0, cu_seqlens, o, ht, g_cumsum). precise: the in-kernel inverse's
-    products in 3xTF32 (stage 1 v4's) instead of one tf32 pass (v4t's)."""
+    products in 3xTF32 (stage 1 v4's) instead of one tf32 pass (v4t's). profile (solve_in_kernel only): a
+    measuring build with one more argument last, prof [num_seqs * h_v, 2, NUM_PHASES] int64, where the first
+    thread of WG1 (row 0) and of WG3 (row 1) add up the clock64 cycles of each phase of PHASES."""
     C = CHUNK
     assert not precise or solve_in_kernel
+    assert not profile or solve_in_kernel
     assert dk == 128 and dv == 128, "two state warpgroups of 64 rows of V, K = 128"
     vh = dv // 2
     h_v = T.dynamic("h_v")
@@ -59,9 +72,18 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
     acc = "float32"
 
     @T.macro
+    def tick(clk, spent, phase):
+        """End of a phase: add the cycles since the last tick to spent[phase] (profile builds only; WG2, whose
+        spent is None, is not timed)."""
+        if profile and spent is not None:
+            now = T.call_extern("int64", "clock64")
+            spent[phase] = spent[phase] + (now - clk[0])
+            clk[0] = now
+
+    @T.macro
     def state_walk(q_sh, k_sh, v_sh, a_sh, p_sh, o_sh, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
-                   h0, o, ht, seq, bh, start, end, n_chunks, half, bar_id):  # fmt: skip
-        """One state warpgroup: rows half * 64 .. half * 64 + 63 of V."""
+                   h0, o, ht, seq, bh, start, end, n_chunks, half, bar_id, clk, spent):  # fmt: skip
+        """One state warpgroup: rows half * 64 .. half * 64 + 63 of V (clk, spent: the profile build's)."""
         T.set_max_nreg(NREG_STATE, 1)
         v0 = half * vh
         s = T.alloc_fragment((vh, dk), acc)  # S^T
@@ -79,8 +101,11 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
         for c in T.serial(n_chunks):
             st = c % 2
             t0 = start + c * C
+            tick(clk, spent, 0)
             T.barrier_wait(full[st], (c // 2) % 2)
+            tick(clk, spent, 0)
             T.barrier_wait(aux_ready[st], (c // 2) % 2)
+            tick(clk, spent, 1)
             T.copy(s, xb)
             # both first GEMMs in flight under one wait; no read of either accumulator moves above it
             T.wgmma_gemm(xb, q_sh[st, :, :], o1, transpose_B=True, clear_accum=True)
@@ -88,16 +113,19 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(o1, 0, vh * C // WG)
             T.warpgroup_fence_operand(w, 0, vh * C // WG)
+            tick(clk, spent, 2)
             for i, j in T.Parallel(vh, C):
                 o1[i, j] = o1[i, j] * e1_sh[st, j] * scale
                 wb[i, j] = T.cast(-w[i, j] * e1_sh[st, j], dtype)
             # the diagonal's share with beta unrounded (its own rounding of W costs ~2^-9 of ~2^-9 beta)
             for i, j in T.Parallel(vh, C):
                 vn[i, j] = rb_sh[st, j] * (T.cast(v_sh[st, j, i], acc) + T.cast(wb[i, j], acc))
+            tick(clk, spent, 3)
             T.wgmma_gemm(v_sh[st, :, :], a_sh[st, :, :], vn, transpose_A=True, transpose_B=True)
             T.wgmma_gemm(wb, a_sh[st, :, :], vn, transpose_B=True)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(vn, 0, vh * C // WG)
+            tick(clk, spent, 4)
             T.copy(vn, vb)
             T.gemm(vb, p_sh[st, :, :], o1, transpose_B=True)
             for i, j in T.Parallel(vh, C):
@@ -106,6 +134,7 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                 s[i, j] = s[i, j] * gl_sh[st]
             T.gemm(vb, k_sh[st, :, :], s)
             T.barrier_arrive(empty[st])
+            tick(clk, spent, 5)
             if t0 + C <= end:
                 T.tma_store_wait()  # the previous chunk's store has read o_sh
                 T.sync_threads(bar_id, WG)
@@ -118,14 +147,16 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                 for i, j in T.Parallel(vh, C):
                     if t0 + j < end:
                         o[0, t0 + j, bh, v0 + i] = T.cast(o1[i, j], dtype)
+            tick(clk, spent, 6)
         T.tma_store_wait(0, False)  # every O store has landed before the CTA exits
         for i, j in T.Parallel(vh, dk):
             ht[seq, bh, j, v0 + i] = s[i, j]
 
-    alloc_work, chunk_cumsum, solve = make_chunk_inverse(dtype, precise)
+    alloc_work, clear_constant_blocks, inv = make_chunk_inverse(dtype, precise)
+
 
     @T.macro
-    def kernel_body(q, k, v, g, beta, a0, h0, cu_seqlens, o, ht, g_cumsum):
+    def kernel_body(q, k, v, g, beta, a0, h0, cu_seqlens, o, ht, g_cumsum, prof):
         """g is g_cumsum from stage 1 (a0 its Agb), or with solve_in_kernel the raw gate (a0 None, and the
         chunk-local cumsum goes out to g_cumsum)."""
         with T.Kernel(ns * h_v, threads=4 * WG) as (bid,):
@@ -154,14 +185,19 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
             # WG3's gates: with solve_in_kernel g_sh holds the raw gate and gs its chunk-local cumsum
             # (T.meta_var: bound without renaming the buffer, so vs1's program, and its cache key, stay as they were)
             gs = T.alloc_shared((2, C), acc) if solve_in_kernel else T.meta_var(g_sh)
-            scan_sh = T.alloc_shared((C,), acc) if solve_in_kernel else T.meta_var(None)
             work = T.meta_var(alloc_work() if solve_in_kernel else None)
+            clk = T.alloc_local((1,), "int64") if profile else T.meta_var(None)
+            spent = T.alloc_local((NUM_PHASES,), "int64") if profile else T.meta_var(None)
 
             full = T.alloc_barrier(arrive_count=[32, 32])
             aux_ready = T.alloc_barrier(arrive_count=[WG, WG])
             empty = T.alloc_barrier(arrive_count=[3 * WG, 3 * WG])
 
             tx = T.get_thread_binding()
+            if profile:
+                for i in T.serial(NUM_PHASES):
+                    spent[i] = 0
+                clk[0] = T.call_extern("int64", "clock64")
             if tx < WG:
                 # ---- WG0: loads (one warp) ----
                 T.set_max_nreg(NREG_LOAD, 0)
@@ -188,37 +224,56 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                         T.barrier_arrive(full[st])
             elif tx < 2 * WG:
                 state_walk(q_sh, k_sh, v_sh0, a_sh, p_sh, o_sh0, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
-                           h0, o, ht, seq, bh, start, end, n_chunks, 0, 1)  # fmt: skip
+                           h0, o, ht, seq, bh, start, end, n_chunks, 0, 1, clk, spent)  # fmt: skip
+                if profile and tx == WG:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 0, i] = spent[i]
             elif tx < 3 * WG:
                 state_walk(q_sh, k_sh, v_sh1, a_sh, p_sh, o_sh1, e1_sh, er_sh, rb_sh, gl_sh, full, aux_ready, empty,
-                           h0, o, ht, seq, bh, start, end, n_chunks, 1, 2)  # fmt: skip
+                           h0, o, ht, seq, bh, start, end, n_chunks, 1, 2, None, None)  # fmt: skip
             else:
                 # ---- WG3: Pg and the gate vectors (with solve_in_kernel: the cumsum of g and Agb too) ----
                 T.set_max_nreg(NREG_AUX, 0)
                 p = T.alloc_fragment((C, C), acc)  # P, then (solve_in_kernel) K K^T
                 # the inverse's registers (None without it: never read then)
+                tw = T.meta_var(tx - 3 * WG)
                 col = T.alloc_local((BLK,), acc) if solve_in_kernel else T.meta_var(None)
+                part = T.alloc_local((4,), acc) if solve_in_kernel else T.meta_var(None)
                 t1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
                 u1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
                 t2 = T.alloc_fragment((HALF, HALF), acc) if solve_in_kernel else T.meta_var(None)
                 u2 = T.alloc_fragment((HALF, HALF), acc) if solve_in_kernel else T.meta_var(None)
+                if solve_in_kernel:
+                    clear_constant_blocks(work, a_sh, tw)
                 for c in T.serial(n_chunks):
                     st = c % 2
                     t0 = start + c * C
+                    tick(clk, spent, 7)
                     T.barrier_wait(full[st], (c // 2) % 2)
+                    tick(clk, spent, 0)
                     if solve_in_kernel:
-                        chunk_cumsum(g_sh, gs, scan_sh, st)
-                        for i in T.Parallel(C):
-                            if t0 + i < end:
-                                g_cumsum[0, t0 + i, bh] = gs[st, i]
+                        inv["cumsum"](g_sh, gs, st, tw, part)
+                        if tw < C:  # noqa: SIM102 (Python cannot `and` two PrimExpr conditions)
+                            if t0 + tw < end:
+                                g_cumsum[0, t0 + tw, bh] = gs[st, tw]
+                    tick(clk, spent, 1)
                     T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(C, C):
                         p[i, j] = T.if_then_else(
                             i >= j, p[i, j] * T.exp2((gs[st, i] - gs[st, j]) * LOG2E) * scale, 0.0
                         )
                     T.copy(p, p_sh[st, :, :])
+                    tick(clk, spent, 2)
                     if solve_in_kernel:
-                        solve(k_sh, b_sh, gs, st, t0, end, p, col, t1, u1, t2, u2, work, a_sh, tx - 3 * WG)
+                        T.gemm(k_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                        inv["lower"](p, b_sh, st, t0, end, work)
+                        tick(clk, spent, 3)
+                        inv["diagonal"](col, work, tw)
+                        tick(clk, spent, 4)
+                        inv["level1"](t1, u1, work)
+                        tick(clk, spent, 5)
+                        inv["level2"](t2, u2, b_sh, gs, st, t0, end, work, a_sh)
+                        tick(clk, spent, 6)
                     for i in T.Parallel(C):
                         e1_sh[st, i] = T.exp2(gs[st, i] * LOG2E)
                         er_sh[st, i] = T.if_then_else(
@@ -230,6 +285,29 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                     T.fence_proxy_async()
                     T.barrier_arrive(aux_ready[st])
                     T.barrier_arrive(empty[st])
+                if profile and tx == 3 * WG:
+                    for i in T.serial(NUM_PHASES):
+                        prof[bid, 1, i] = spent[i]
+
+    if profile:
+
+        @T.prim_func
+        def fused_fwd_vs_solve_profile(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            h0: T.Tensor((nh0, h_v, dk, dv), acc),
+            cu_seqlens: T.Tensor((ns + 1,), "int32"),
+            o: T.Tensor((1, nt, h_v, dv), dtype),
+            ht: T.Tensor((ns, h_v, dk, dv), acc),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            prof: T.Tensor((ns * h_v, 2, NUM_PHASES), "int64"),
+        ):
+            kernel_body(q, k, v, g, beta, None, h0, cu_seqlens, o, ht, g_cumsum, prof)
+
+        return fused_fwd_vs_solve_profile
 
     if solve_in_kernel:
 
@@ -246,7 +324,7 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
             ht: T.Tensor((ns, h_v, dk, dv), acc),
             g_cumsum: T.Tensor((1, nt, h_v), acc),
         ):
-            kernel_body(q, k, v, g, beta, None, h0, cu_seqlens, o, ht, g_cumsum)
+            kernel_body(q, k, v, g, beta, None, h0, cu_seqlens, o, ht, g_cumsum, None)
 
         return fused_fwd_vs_solve
 
@@ -263,7 +341,7 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
         o: T.Tensor((1, nt, h_v, dv), dtype),
         ht: T.Tensor((ns, h_v, dk, dv), acc),
     ):
-        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None)
+        kernel_body(q, k, v, g_cumsum, beta, a0, h0, cu_seqlens, o, ht, None, None)
 
     return fused_fwd_vs
 
