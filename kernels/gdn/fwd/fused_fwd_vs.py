@@ -20,7 +20,8 @@ Same arguments as fused_fwd_ws's main build (a0 is stage 1's emit_agb output), s
 AGB fused kernel ("vs1"). No profile, state-pass or state-store builds yet; states [N, H_v, K, V] only.
 
 solve_in_kernel=True ("vs2", step 2 of the design, session 15; H100: correct, 1.6x slower than kkt + ws12 because
-the auxiliary warpgroup's chunk takes ~8 us, NOTES.md) drops stage 1: the
+the auxiliary warpgroup's chunk takes ~8 us, NOTES.md; session 16's profile build: ~14 K cycles of it, issue-bound,
+while the state warpgroups wait 8.6 K of theirs) drops stage 1: the
 kernel takes the raw gate g, and WG3 forms per chunk, after Pg, the chunk-local cumsum of g (written out as
 g_cumsum), L = StrictLower(diag(beta) K K^T), A0 = (I + L)^-1 by fwd/chunk_inverse.py's block recursion (tf32
 products, 3xTF32 with precise=True) and Agb = Gamma o A0 diag(beta) into the stage the state warpgroups read.
