@@ -20,29 +20,27 @@ step() {  # [VAR=value ...] step NAME LIMIT PYTEST-ARGS...: the assignments reac
   echo "$name rc=$? t=$(( $(date +%s) - t0 )) s: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$dest/$name.log" | tail -1)"
 }
 
-# Session 16: the forward's stage 1 for ws12 is kkt v4t by default (the edge check passed on an H100); A/B
-# against v4 through the harness on two head configs (38 qwen35-fwd configs, qla only, CUDA events): rows in
-# $dest/kkt-*.jsonl. Session 15's longest-first A/B (1.136x on its eight configs) stays available: LPT=1.
-ab() {  # ab NAME LIMIT HEADS [VAR=value ...]: qla on those head configs' qwen35-fwd mixes, rows copied back
+# ab NAME LIMIT HEADS [VAR=value ...]: $AB_BACKENDS (default qla) on those head configs' qwen35-fwd mixes
+# (CUDA events), rows copied back to $dest/NAME.jsonl.
+ab() {
   local name=$1 limit=$2 heads=$3; shift 3
   local budget; budget=$(left)
   (( budget < limit )) && limit=$budget
   if (( limit < 20 )); then echo "skip $name: out of time"; return; fi
-  env "$@" timeout -s KILL "$limit" python cli.py fwd --backends qla --sweep qwen35-fwd --heads "$heads" \
-    --timers events --out "/tmp/$name" --no-report > "$dest/$name.log" 2>&1
+  env "$@" timeout -s KILL "$limit" python cli.py fwd --backends "${AB_BACKENDS:-qla}" --sweep qwen35-fwd \
+    --heads "$heads" --timers events --out "/tmp/$name" --no-report > "$dest/$name.log" 2>&1
   echo "$name rc=$? t=$(( $(date +%s) - t0 )) s"
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
-if [ -n "${LPT:-}" ]; then
-  ab lpt-on 50 16/48,8/24
-  ab lpt-off 50 16/48,8/24 QLA_LONGEST_FIRST=0
-fi
 
-# The one-kernel forward: vs2 / vs2p with session 16's lean auxiliary warpgroup (float64 checks, the profile
-# build's phases, then timing against ws12 and vs1), then the kkt A/B.
-W=tests/gpu/test_qla_fused_ws.py
-step vs-check 150 "$W" -k "matches_reference and vs2"
-step vs-profile 80 "$W" -k profile_vs_phases
-STEP_ENV="WS_TIMING_IMPLS=ws12,vs1,vs2,vs2p" step vs-time 100 "$W" -k time_fused
-ab kkt-v4t 80 2/8,16/64
-ab kkt-v4 80 2/8,16/64 QLA_KKT_IMPL=v4
+# Session 18: CP's combine rev 3 (wgmma on tfloat32 operands, M staged through registers with the next
+# link's first half prefetched): every revision against the host walk on a real state pass, the per-link
+# times of revs 1-3, then the few-head CP configs through the harness against FlashQLA (rev 3, the default)
+# and with rev 1, then the CP forward's float64 checks with rev 3.
+step combine-check 120 tests/gpu/test_qla_cp.py -k combine_kernel_matches
+timeout -s KILL 60 python -m qla_kernels.gdn.profile_cp --combine "$dest/cp_combine_revs.json" \
+  > "$dest/combine-profile.log" 2>&1
+echo "combine-profile rc=$? t=$(( $(date +%s) - t0 )) s"
+AB_BACKENDS=qla,flashqla ab cp-rev3 220 2/8,4/16
+ab cp-rev1 90 2/8,4/16 QLA_CP_COMBINE_REV=1
+step cp-forward-check 120 tests/gpu/test_qla_cp.py -k "cp_forward_matches_reference and kernel and ws12"

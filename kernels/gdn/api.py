@@ -423,6 +423,9 @@ LONGEST_FIRST_ENV = "QLA_LONGEST_FIRST"
 CP_COMBINE_IMPLS = ("views", "kernel")
 CP_COMBINE_ENV = "QLA_CP_COMBINE"
 DEFAULT_CP_COMBINE = "kernel"
+# the one-kernel combine's revision (fwd/cp_combine.py's docstring; default its REV), for A/B runs
+CP_COMBINE_REVS = ("1", "2", "3")
+CP_COMBINE_REV_ENV = "QLA_CP_COMBINE_REV"
 
 
 def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, rev: int = 5):
@@ -449,20 +452,29 @@ def resolve_cp_combine() -> str:
     return _resolve(None, "", CP_COMBINE_ENV, DEFAULT_CP_COMBINE, CP_COMBINE_IMPLS)
 
 
+def resolve_cp_combine_rev() -> int:
+    """$QLA_CP_COMBINE_REV, else fwd/cp_combine.py's REV."""
+    from .fwd.cp_combine import REV
+
+    return int(_resolve(None, "", CP_COMBINE_REV_ENV, str(REV), CP_COMBINE_REVS))
+
+
 @functools.cache
-def _combine_launcher(use_h0: bool):
+def _combine_launcher(use_h0: bool, rev: int):
     """The one-kernel combine's launcher, memoised like the other kernels'."""
     from .fwd.cp_combine import BLOCK_V, cp_combine_kernel
 
-    return launcher(cp_combine_kernel(HEAD_DIM, HEAD_DIM, BLOCK_V, use_h0))
+    return launcher(cp_combine_kernel(HEAD_DIM, HEAD_DIM, BLOCK_V, use_h0, False, rev))
 
 
-def _combine_kernel(cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
-    """cp.combine's result from one launch of fwd/cp_combine.py."""
+def _combine_kernel(cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None, rev: int | None = None) -> torch.Tensor:
+    """cp.combine's result from one launch of fwd/cp_combine.py (rev: None resolves $QLA_CP_COMBINE_REV)."""
     p, h_v, k, two_v = hm.shape
     init = torch.empty(p, h_v, k, two_v // 2, dtype=torch.float32, device=hm.device)
     h0_ = h0.float().contiguous() if h0 is not None else _dummy_state(h_v, hm.device)
-    _combine_launcher(h0 is not None)(hm, h0_, cpp.seq_first_piece, init)
+    _combine_launcher(h0 is not None, resolve_cp_combine_rev() if rev is None else rev)(
+        hm, h0_, cpp.seq_first_piece, init
+    )
     return init
 
 

@@ -7,10 +7,12 @@ own (kkt, state pass, combine, fused walk over the pieces) and the combine's hos
 numbers go to NOTES.md.
 
     python -m qla_kernels.gdn.profile_cp OUT.json
+    python -m qla_kernels.gdn.profile_cp --combine OUT.json   # the combine kernel's revisions only
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -32,6 +34,7 @@ from .api import (
 )
 from .checks import HEAD_DIM
 from .cp import combine
+from .cp_plan import CPDecision, build_cp_plan
 from .plan import choose_block_v_ws
 from .profile_fwd import median_event_ms
 
@@ -118,7 +121,40 @@ def _with_env(name: str, value: str, fn):
             os.environ[name] = old
 
 
+def combine_revisions(h_v: int, lens: list[int], piece: int, revs=(1, 2, 3), seed: int = 0) -> dict:
+    """us per launch of fwd/cp_combine.py at each revision on random [h | M] (transitions of moderate norm),
+    per link of the longest sequence, and each revision's relative error against the host walk."""
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    cpp = build_cp_plan(cu, CPDecision(piece, 64, 0.0, 0.0), "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    hm = torch.randn(cpp.num_pieces, h_v, HEAD_DIM, 2 * HEAD_DIM, device="cuda", generator=gen)
+    hm[..., HEAD_DIM:] /= HEAD_DIM**0.5
+    first = cpp.seq_first_piece.tolist()
+    links = max(b - a - 1 for a, b in itertools.pairwise(first))
+    host = combine(cpp, hm, None).double()
+    row: dict = {"h_v": h_v, "seqs": "+".join(map(str, lens)), "piece_chunks": piece,
+                 "pieces": cpp.num_pieces, "longest_links": links}
+    for rev in revs:
+        out = _combine_kernel(cpp, hm, None, rev)
+        us = median_event_ms(lambda: _combine_kernel(cpp, hm, None, rev), reps=50) * 1e3  # noqa: B023
+        row[f"rev{rev}_us"] = round(us, 2)
+        row[f"rev{rev}_us_per_link"] = round(us / max(links, 1), 2)
+        row[f"rev{rev}_err"] = float((out.double() - host).norm() / host.norm())
+    return row
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--combine":
+        path = argv[1] if len(argv) > 1 else "cp_combine_revs.json"
+        rows = [combine_revisions(h_v, lens, piece) for h_v, lens, piece in
+                ((8, [32768], 128), (8, [32768], 64), (8, [32768], 32), (8, [32768], 16), (16, [32768], 64),
+                 (8, [4096, 28672], 64), (32, [16384], 32))]  # fmt: skip
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "timer": "cuda events, no L2 flush, median of 50",
+                       "rows": rows}, f, indent=1)
+        for r in rows:
+            print(json.dumps(r))
+        return
     path = argv[0] if argv else "cp_breakdown.json"
     rows = [cp_breakdown(2, 8, [32768], [16, 32, 64, 128]), cp_breakdown(4, 16, [32768], [32, 64]),
             cp_breakdown(2, 8, [4096, 28672], [64])]

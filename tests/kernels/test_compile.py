@@ -191,14 +191,21 @@ def test_kkt_solve_v4_emit_ab_compiles(impl, dtype):
     assert rep.source.count("kTensorFloat32") == (36 if impl == "v4" else 12), rep.line()
 
 
+@pytest.mark.parametrize("rev", [1, 2, 3])
 @pytest.mark.parametrize("use_h0", [True, False])
-def test_cp_combine_kernel_compiles(use_h0):
+def test_cp_combine_kernel_compiles(use_h0, rev):
     from qla_kernels.gdn.fwd.cp_combine import BLOCK_V, PASS_CONFIGS, cp_combine_program
 
-    rep = build_sm90a(cp_combine_program(128, 128, BLOCK_V, use_h0), PASS_CONFIGS)
+    rep = build_sm90a(cp_combine_program(128, 128, BLOCK_V, use_h0, rev=rev), PASS_CONFIGS)
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
-    assert "mma_sync" in rep.source  # the 3xTF32 products on tensor cores
+    # the 3xTF32 products on tensor cores: rev 1 on mma.sync, rev 2+ on wgmma (tfloat32 operands)
+    if rev == 1:
+        assert "mma_sync" in rep.source and "wgmma" not in rep.source
+    else:
+        assert rep.source.count("wgmma_ss<tl::DataType::kTensorFloat32") == 3, rep.line()
+    if rev >= 2:  # M_p staged through registers with 16-byte loads, not 128 scalar ones
+        assert "float4*)(m_rows" in rep.source
 
 
 @pytest.mark.parametrize(("block_v", "rev"), [(128, 5), (64, 5), (128, 7), (32, 7), (128, 8), (128, 9)])

@@ -1,5 +1,5 @@
-"""The one-kernel CP combine (gdn/fwd/cp_combine.py, prepared: not yet run on a GPU) on the CPU through
-TileLang's C backend, against float64 and against cp.combine (the host walk it would replace)."""
+"""The one-kernel CP combine (gdn/fwd/cp_combine.py) on the CPU through TileLang's C backend, every revision,
+against float64 and against cp.combine (the host walk it replaces)."""
 
 import pytest
 import torch
@@ -8,22 +8,34 @@ tilelang = pytest.importorskip("tilelang")
 
 from qla_kernels.gdn.cp import combine  # noqa: E402
 from qla_kernels.gdn.cp_plan import CPDecision, build_cp_plan  # noqa: E402
-from qla_kernels.gdn.fwd.cp_combine import PASS_CONFIGS, cp_combine_program  # noqa: E402
+from qla_kernels.gdn.fwd.cp_combine import PASS_CONFIGS, REV, cp_combine_program  # noqa: E402
 
 D = 128
 
 
 @pytest.fixture(scope="module")
 def kernels():
+    """Built on first use, memoised per (use_h0, rev)."""
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    return {
-        use_h0: tilelang.compile(cp_combine_program(D, D, 64, use_h0, cpu_debug=True), target="c", pass_configs=cfg)
-        for use_h0 in (True, False)
-    }
+    built = {}
+
+    def get(use_h0: bool, rev: int):
+        if (use_h0, rev) not in built:
+            built[use_h0, rev] = tilelang.compile(
+                cp_combine_program(D, D, 64, use_h0, cpu_debug=True, rev=rev), target="c", pass_configs=cfg
+            )
+        return built[use_h0, rev]
+
+    return get
 
 
+def test_default_revision_is_the_newest():
+    assert REV == 3
+
+
+@pytest.mark.parametrize("rev", [1, 2, 3])
 @pytest.mark.parametrize("with_h0", [True, False])
-def test_combine_kernel_matches_float64_and_the_host_walk(kernels, with_h0):
+def test_combine_kernel_matches_float64_and_the_host_walk(kernels, with_h0, rev):
     # three sequences: split in 3, not split, split in 2 (ragged last pieces)
     cp = build_cp_plan([0, 64 * 5, 64 * 6, 64 * 9 + 3], CPDecision(2, 64, 0.0, 0.0), "cpu")
     h_v = 2
@@ -32,7 +44,7 @@ def test_combine_kernel_matches_float64_and_the_host_walk(kernels, with_h0):
     hm[..., D:] /= D**0.5  # transitions of moderate norm, as decaying pieces give
     h0 = torch.randn(3, h_v, D, D, generator=gen)
     init = torch.full((cp.num_pieces, h_v, D, D), 7.0)  # sentinel: every piece's state must be written
-    kernels[with_h0](hm, h0, cp.seq_first_piece, init)
+    kernels(with_h0, rev)(hm, h0, cp.seq_first_piece, init)
     ref = torch.zeros(cp.num_pieces, h_v, D, D, dtype=torch.float64)
     first = cp.seq_first_piece.tolist()
     for s in range(3):

@@ -9,6 +9,13 @@ sequence's pieces itself: per link it loads M_p [K, K] from the state pass's [h 
 into tf32 hi + lo parts (3xTF32: lo*hi + hi*lo + hi*hi, fp32 accumulate, fp32-level products as in
 kkt_solve_v3) and adds h_p. One launch for the whole combine.
 
+rev 2 (session 18): a link took ~10.5 us on the H200 (session 8) for ~3 M tf32 multiply-adds. rev 1 loads M_p
+with 128 scalar loads a thread and multiplies on mma.sync with per-k shared-memory loads of S's fragments
+(TileLang lowers fp32 operands to mma.sync; its wgmma path needs operands of dtype tfloat32, A K-major and B
+transposed). rev 2 stages M_p through registers in two 64-row vector copies and stores its hi and lo parts as
+tfloat32, keeps S's parts transposed ([block_v, K], K-major) so the three products run on wgmma, and starts each
+link's accumulator from h_p's slice instead of adding h_p after the products.
+
 cpu_debug=True builds the same program for TileLang's C backend (GEMMs as loops with mma.sync's tf32
 operand truncation), so its indexing runs against float64 on a CPU (tests/kernels/test_cp_combine_cpu.py).
 """
@@ -16,7 +23,7 @@ operand truncation), so its indexing runs against float64 on a CPU (tests/kernel
 import tilelang  # no `from __future__ import annotations`: TVMScript reads the annotations' closure names
 import tilelang.language as T
 
-from .kkt_solve_v3 import _tf32_hi, tf32_loop_gemm
+from .kkt_solve_v3 import _tf32_hi, _tf32_operand, tf32_loop_gemm
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 THREADS = 128
@@ -24,9 +31,21 @@ THREADS = 128
 # block_v = 32 spills 336 B (TileLang keeps the GEMM's whole K = 128 operand fragments in registers), and
 # 256 threads made both worse (255 registers, 12-412 B spilled). The api runs block_v = 64.
 BLOCK_V = 64
+REV = 3  # see the module docstring; rev 1 kept for A/B ($QLA_CP_COMBINE_REV in api.py)
 
 
-def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, cpu_debug: bool = False):
+@T.macro
+def _tf32_loop_gemm_bt(a, bt, out, clear):
+    """CPU stand-in for T.gemm(a, bt, out, transpose_B=True) on fp32 operands (cpu_debug builds)."""
+    for i, j in T.Parallel(a.shape[0], bt.shape[0]):
+        if clear:
+            out[i, j] = 0.0
+        for r in T.serial(a.shape[1]):
+            out[i, j] = out[i, j] + _tf32_operand(a[i, r]) * _tf32_operand(bt[j, r])
+
+
+def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, cpu_debug: bool = False,
+                       rev: int = REV):  # fmt: skip
     """(hm [P, H_v, K, 2V] fp32, h0 [N, H_v, K, V] fp32, seq_first_piece [N+1] int32) -> init [P, H_v, K, V]:
     the state at the start of every piece (h0, or zeros, for a sequence's first piece)."""
     assert dk == dv, "the transition M is K x K and multiplies S [K, V]: K == V"
@@ -42,7 +61,12 @@ def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, 
     @T.macro
     def mm(a, b, out, clear):
         if cpu_debug:
-            tf32_loop_gemm(a, b, out, clear)
+            if rev >= 2:
+                _tf32_loop_gemm_bt(a, b, out, clear)
+            else:
+                tf32_loop_gemm(a, b, out, clear)
+        elif rev >= 2:
+            T.gemm(a, b, out, transpose_B=True, clear_accum=clear)
         else:
             T.gemm(a, b, out, clear_accum=clear)
 
@@ -50,6 +74,15 @@ def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, 
         return T.alloc_shared(shape, acc, scope="shared") if cpu_debug else T.alloc_shared(shape, acc)
 
     alloc_acc = alloc_sh if cpu_debug else (lambda shape: T.alloc_fragment(shape, acc))
+    # rev 2's GEMM operands: tfloat32 on the GPU (what selects wgmma), plain fp32 in the C backend
+    op_dtype = T.tfloat32 if rev >= 2 and not cpu_debug else acc
+
+    def alloc_op(shape):
+        return T.alloc_shared(shape, op_dtype, scope="shared") if cpu_debug else T.alloc_shared(shape, op_dtype)
+
+    def as_op(x):
+        """x as a GEMM operand value (an exact conversion for hi parts, a rounding of lo parts' low bits)."""
+        return x if op_dtype == acc else T.Cast(op_dtype, x)
 
     @T.prim_func
     def cp_combine(
@@ -66,10 +99,17 @@ def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, 
             links = T.alloc_var(
                 "int32", init=seq_first_piece[bid // (h_v * nv) + 1] - seq_first_piece[bid // (h_v * nv)] - 1
             )
-            m_hi = alloc_sh((K, K))
-            m_lo = alloc_sh((K, K))
-            s_hi = alloc_sh((K, block_v))
-            s_lo = alloc_sh((K, block_v))
+            if rev >= 2:
+                m_hi = alloc_op((K, K))
+                m_lo = alloc_op((K, K))
+                s_hi = alloc_op((block_v, K))  # S^T, K-major: wgmma's transposed B operand
+                s_lo = alloc_op((block_v, K))
+                m_rows = alloc_acc((K // 2, K))  # half of M_p, staged in registers
+            else:
+                m_hi = alloc_sh((K, K))
+                m_lo = alloc_sh((K, K))
+                s_hi = alloc_sh((K, block_v))
+                s_lo = alloc_sh((K, block_v))
             s = alloc_acc((K, block_v))  # the running state slice, S[:, v0:v0 + block_v]
 
             if use_initial_state:
@@ -80,19 +120,42 @@ def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, 
                     s[i, j] = 0.0
             for i, j in T.Parallel(K, block_v):
                 init[first, bh, i, v0 + j] = s[i, j]
+            if rev >= 3:
+                T.copy(hm[first, bh, 0 : K // 2, dv : 2 * dv], m_rows)
             for p in T.serial(links):
-                # M_p, hi and lo parts; then S's, from the registers (S is overwritten by the GEMMs)
-                for i, j in T.Parallel(K, K):
-                    m_hi[i, j] = _tf32_hi(hm[first + p, bh, i, dv + j])
-                    m_lo[i, j] = hm[first + p, bh, i, dv + j] - _tf32_hi(hm[first + p, bh, i, dv + j])
-                for i, j in T.Parallel(K, block_v):
-                    s_hi[i, j] = _tf32_hi(s[i, j])
-                    s_lo[i, j] = s[i, j] - _tf32_hi(s[i, j])
-                mm(m_lo, s_hi, s, True)
-                mm(m_hi, s_lo, s, False)
-                mm(m_hi, s_hi, s, False)
-                for i, j in T.Parallel(K, block_v):
-                    s[i, j] = s[i, j] + hm[first + p, bh, i, v0 + j]
+                if rev >= 2:
+                    # S's parts (transposed), then h_p's slice into the accumulator, then M_p's parts
+                    for i, j in T.Parallel(K, block_v):
+                        s_hi[j, i] = as_op(_tf32_hi(s[i, j]))
+                        s_lo[j, i] = as_op(s[i, j] - _tf32_hi(s[i, j]))
+                    for i, j in T.Parallel(K, block_v):
+                        s[i, j] = hm[first + p, bh, i, v0 + j]
+                    for half in T.unroll(2):
+                        if rev == 2 or half == 1:  # rev 3 prefetched the first half during the last link
+                            T.copy(hm[first + p, bh, half * (K // 2) : (half + 1) * (K // 2), dv : 2 * dv], m_rows)
+                        for i, j in T.Parallel(K // 2, K):
+                            m_hi[half * (K // 2) + i, j] = as_op(_tf32_hi(m_rows[i, j]))
+                            m_lo[half * (K // 2) + i, j] = as_op(m_rows[i, j] - _tf32_hi(m_rows[i, j]))
+                    if rev >= 3:
+                        # the next link's first half, in flight during the products (piece first + p + 1 is
+                        # at most the sequence's last piece: always in bounds)
+                        T.copy(hm[first + p + 1, bh, 0 : K // 2, dv : 2 * dv], m_rows)
+                    mm(m_lo, s_hi, s, False)
+                    mm(m_hi, s_lo, s, False)
+                    mm(m_hi, s_hi, s, False)
+                else:
+                    # M_p, hi and lo parts; then S's, from the registers (S is overwritten by the GEMMs)
+                    for i, j in T.Parallel(K, K):
+                        m_hi[i, j] = _tf32_hi(hm[first + p, bh, i, dv + j])
+                        m_lo[i, j] = hm[first + p, bh, i, dv + j] - _tf32_hi(hm[first + p, bh, i, dv + j])
+                    for i, j in T.Parallel(K, block_v):
+                        s_hi[i, j] = _tf32_hi(s[i, j])
+                        s_lo[i, j] = s[i, j] - _tf32_hi(s[i, j])
+                    mm(m_lo, s_hi, s, True)
+                    mm(m_hi, s_lo, s, False)
+                    mm(m_hi, s_hi, s, False)
+                    for i, j in T.Parallel(K, block_v):
+                        s[i, j] = s[i, j] + hm[first + p, bh, i, v0 + j]
                 for i, j in T.Parallel(K, block_v):
                     init[first + p + 1, bh, i, v0 + j] = s[i, j]
 
