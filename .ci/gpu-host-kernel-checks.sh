@@ -35,14 +35,15 @@ ab() {
 
 # Session 18: CP's combine rev 3 (wgmma on tfloat32 operands, M staged through registers with the next
 # link's first half prefetched): every revision against the host walk on a real state pass, the per-link
-# times of revs 1-3, then the few-head CP configs through the harness against FlashQLA (rev 3, the default)
-# and with rev 1, then the CP mixes at every piece length with the harness's gates (the cost model's data:
+# times of revs 1-3 (and rev 3 at 32-column V-slices), then the few-head CP configs through the harness
+# against FlashQLA (rev 3, the default), with 32-column slices and with rev 1, then the CP mixes at every piece length with the harness's gates (the cost model's data:
 # tests/kernels/test_cp_plan.py) and the CP forward's float64 checks with rev 3.
 step combine-check 120 tests/gpu/test_qla_cp.py -k combine_kernel_matches
 timeout -s KILL 60 python -m qla_kernels.gdn.profile_cp --combine "$dest/cp_combine_revs.json" \
   > "$dest/combine-profile.log" 2>&1
 echo "combine-profile rc=$? t=$(( $(date +%s) - t0 )) s"
 AB_BACKENDS=qla,flashqla ab cp-rev3 220 2/8,4/16
+ab cp-bv32 90 2/8,4/16 QLA_CP_COMBINE_BV=32
 ab cp-rev1 90 2/8,4/16 QLA_CP_COMBINE_REV=1
 step cp-mixes 150 tests/gpu/test_qla_cp.py -k "time_cp_mixes and harness"
 step cp-forward-check 120 tests/gpu/test_qla_cp.py -k "cp_forward_matches_reference and kernel and ws12"

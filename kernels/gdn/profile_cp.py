@@ -121,7 +121,7 @@ def _with_env(name: str, value: str, fn):
             os.environ[name] = old
 
 
-def combine_revisions(h_v: int, lens: list[int], piece: int, revs=(1, 2, 3), seed: int = 0) -> dict:
+def combine_revisions(h_v: int, lens: list[int], piece: int, revs=(1, 2, 3, "3bv32"), seed: int = 0) -> dict:
     """us per launch of fwd/cp_combine.py at each revision on random [h | M] (transitions of moderate norm),
     per link of the longest sequence, and each revision's relative error against the host walk."""
     cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
@@ -134,9 +134,10 @@ def combine_revisions(h_v: int, lens: list[int], piece: int, revs=(1, 2, 3), see
     host = combine(cpp, hm, None).double()
     row: dict = {"h_v": h_v, "seqs": "+".join(map(str, lens)), "piece_chunks": piece,
                  "pieces": cpp.num_pieces, "longest_links": links}
-    for rev in revs:
-        out = _combine_kernel(cpp, hm, None, rev)
-        us = median_event_ms(lambda: _combine_kernel(cpp, hm, None, rev), reps=50) * 1e3  # noqa: B023
+    for rev in revs:  # "3bv32": rev 3 with 32-column V-slices
+        r, bv = (int(rev[0]), 32) if isinstance(rev, str) else (rev, 64)
+        out = _combine_kernel(cpp, hm, None, r, bv)
+        us = median_event_ms(lambda: _combine_kernel(cpp, hm, None, r, bv), reps=50) * 1e3  # noqa: B023
         row[f"rev{rev}_us"] = round(us, 2)
         row[f"rev{rev}_us_per_link"] = round(us / max(links, 1), 2)
         row[f"rev{rev}_err"] = float((out.double() - host).norm() / host.norm())

@@ -75,8 +75,8 @@ def test_state_pass_gives_h_and_m():
     assert eh <= TOL and em <= TOL, (eh, em)
 
 
-@pytest.mark.parametrize("rev", [1, 2, 3])
-def test_combine_kernel_matches_the_host_walk(rev):
+@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (3, 64), (3, 32)])
+def test_combine_kernel_matches_the_host_walk(rev, block_v):
     """fwd/cp_combine.py (one launch, each revision) against cp.combine (the host walk) on a real state pass's
     [h | M]."""
     from qla_kernels.gdn.api import _combine_kernel
@@ -92,10 +92,10 @@ def test_combine_kernel_matches_the_host_walk(rev):
         q, k, v, g_cumsum, beta, a0, cp.cu_seqlens, hm
     )
     for h0 in (s0, None):
-        host, kern = combine(cp, hm, h0), _combine_kernel(cp, hm, h0, rev)
+        host, kern = combine(cp, hm, h0), _combine_kernel(cp, hm, h0, rev, block_v)
         torch.cuda.synchronize()
         err = rel_l2(kern, host.double().cpu())
-        print(f"\n[cp-combine-kernel] rev {rev} h0={h0 is not None}: vs host walk {err:.2e}")
+        print(f"\n[cp-combine-kernel] rev {rev} block_v {block_v} h0={h0 is not None}: vs host walk {err:.2e}")
         assert err < 1e-5, err  # 3xTF32 products: fp32 level
 
 

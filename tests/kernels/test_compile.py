@@ -191,12 +191,12 @@ def test_kkt_solve_v4_emit_ab_compiles(impl, dtype):
     assert rep.source.count("kTensorFloat32") == (36 if impl == "v4" else 12), rep.line()
 
 
-@pytest.mark.parametrize("rev", [1, 2, 3])
+@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (3, 64), (3, 32)])
 @pytest.mark.parametrize("use_h0", [True, False])
-def test_cp_combine_kernel_compiles(use_h0, rev):
-    from qla_kernels.gdn.fwd.cp_combine import BLOCK_V, PASS_CONFIGS, cp_combine_program
+def test_cp_combine_kernel_compiles(use_h0, rev, block_v):
+    from qla_kernels.gdn.fwd.cp_combine import PASS_CONFIGS, cp_combine_program
 
-    rep = build_sm90a(cp_combine_program(128, 128, BLOCK_V, use_h0, rev=rev), PASS_CONFIGS)
+    rep = build_sm90a(cp_combine_program(128, 128, block_v, use_h0, rev=rev), PASS_CONFIGS)
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
     # the 3xTF32 products on tensor cores: rev 1 on mma.sync, rev 2+ on wgmma (tfloat32 operands)

@@ -19,12 +19,12 @@ def kernels():
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
     built = {}
 
-    def get(use_h0: bool, rev: int):
-        if (use_h0, rev) not in built:
-            built[use_h0, rev] = tilelang.compile(
-                cp_combine_program(D, D, 64, use_h0, cpu_debug=True, rev=rev), target="c", pass_configs=cfg
+    def get(use_h0: bool, rev: int, block_v: int):
+        if (use_h0, rev, block_v) not in built:
+            built[use_h0, rev, block_v] = tilelang.compile(
+                cp_combine_program(D, D, block_v, use_h0, cpu_debug=True, rev=rev), target="c", pass_configs=cfg
             )
-        return built[use_h0, rev]
+        return built[use_h0, rev, block_v]
 
     return get
 
@@ -33,9 +33,9 @@ def test_default_revision_is_the_newest():
     assert REV == 3
 
 
-@pytest.mark.parametrize("rev", [1, 2, 3])
+@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (3, 64), (3, 32)])
 @pytest.mark.parametrize("with_h0", [True, False])
-def test_combine_kernel_matches_float64_and_the_host_walk(kernels, with_h0, rev):
+def test_combine_kernel_matches_float64_and_the_host_walk(kernels, with_h0, rev, block_v):
     # three sequences: split in 3, not split, split in 2 (ragged last pieces)
     cp = build_cp_plan([0, 64 * 5, 64 * 6, 64 * 9 + 3], CPDecision(2, 64, 0.0, 0.0), "cpu")
     h_v = 2
@@ -44,7 +44,7 @@ def test_combine_kernel_matches_float64_and_the_host_walk(kernels, with_h0, rev)
     hm[..., D:] /= D**0.5  # transitions of moderate norm, as decaying pieces give
     h0 = torch.randn(3, h_v, D, D, generator=gen)
     init = torch.full((cp.num_pieces, h_v, D, D), 7.0)  # sentinel: every piece's state must be written
-    kernels(with_h0, rev)(hm, h0, cp.seq_first_piece, init)
+    kernels(with_h0, rev, block_v)(hm, h0, cp.seq_first_piece, init)
     ref = torch.zeros(cp.num_pieces, h_v, D, D, dtype=torch.float64)
     first = cp.seq_first_piece.tolist()
     for s in range(3):
