@@ -33,6 +33,23 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 18, call 2 (COMBINE_BV32=1): revs 2 and 3 at 32-column V-slices (call 1: 32 columns 1.026x faster
+# than 64 on 2/8's whole forward; rev 3's prefetch slower than rev 2 per link), and Nsight Compute's reading
+# of rev 2 at 32 columns on 2/8 1x32768. At most 8 files come back: the rest stays in /tmp.
+if [ -n "${COMBINE_BV32:-}" ]; then
+  timeout -s KILL 60 python -m qla_kernels.gdn.profile_cp --combine "$dest/cp_combine_revs2.json" \
+    > /tmp/combine-profile2.log 2>&1
+  echo "combine-profile rc=$? t=$(( $(date +%s) - t0 )) s"; grep -c rev /tmp/combine-profile2.log
+  ab cp-rev2-bv32 70 2/8,4/16 QLA_CP_COMBINE_REV=2 QLA_CP_COMBINE_BV=32
+  ab cp-rev3-bv32 70 2/8,4/16 QLA_CP_COMBINE_REV=3 QLA_CP_COMBINE_BV=32
+  QLA_CP_COMBINE_REV=2 QLA_CP_COMBINE_BV=32 timeout -s KILL 120 ncu --clock-control none --profile-from-start off \
+    --set full -k regex:cp_combine -o "$dest/ncu-combine-rev2-bv32" \
+    python -m qla_kernels.gdn.profile_ncu fwd 2 8 32768 > /tmp/ncu.log 2>&1
+  echo "ncu rc=$? t=$(( $(date +%s) - t0 )) s"; tail -3 /tmp/ncu.log
+  timeout 60 ncu --import "$dest/ncu-combine-rev2-bv32.ncu-rep" --page details > "$dest/ncu-combine-details.txt" 2>&1
+  exit 0
+fi
+
 # Session 18: CP's combine rev 3 (wgmma on tfloat32 operands, M staged through registers with the next
 # link's first half prefetched): every revision against the host walk on a real state pass, the per-link
 # times of revs 1-3 (and rev 3 at 32-column V-slices), then the few-head CP configs through the harness

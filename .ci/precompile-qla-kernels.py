@@ -67,7 +67,7 @@ def variants() -> list[tuple[str, str, tuple]]:
     for lean in (False, True):  # profile builds (profile_fwd.profile_fused_ws7)
         out.append((f"ws rev{9 if lean else 8} profile", "fused_fwd_ws7_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, True, True, lean)))  # fmt: skip
-    for rev, bv in ((3, 64), (3, 32), (2, 64), (1, 64)):  # CP's one-kernel combine (api._combine_kernel; A/B)
+    for rev, bv in ((3, 64), (3, 32), (2, 64), (2, 32), (1, 64)):  # CP's one-kernel combine (api._combine_kernel; A/B)
         for use_h0 in (True, False):
             out.append((f"cp combine rev{rev} bv{bv} h0={use_h0}", "cp_combine_kernel",
                         (HEAD_DIM, HEAD_DIM, bv, use_h0, False, rev)))  # fmt: skip

@@ -65,9 +65,13 @@ def cp_breakdown(h_qk: int, h_v: int, lens: list[int], pieces: list[int], seed: 
     qf, kf, vf, gf, bf = (pack_tokens(x) for x in (q, k, v, g, beta))
     nsm = _num_sms(q.device)
     g_cumsum, a0 = _launch_kkt("v4", kf, gf, bf, plan)
-    row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": "+".join(map(str, lens)),
-                 "plain_fwd": median_event_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)),
-                 "kkt": median_event_ms(lambda: _launch_kkt("v4", kf, gf, bf, plan))}
+    row: dict = {
+        "h_qk": h_qk,
+        "h_v": h_v,
+        "seqs": "+".join(map(str, lens)),
+        "plain_fwd": median_event_ms(lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)),
+        "kkt": median_event_ms(lambda: _launch_kkt("v4", kf, gf, bf, plan)),
+    }
     for piece in pieces:
         cpp = _cp_plan(plan, h_v, nsm, True, piece)
         if cpp is not None:
@@ -121,7 +125,9 @@ def _with_env(name: str, value: str, fn):
             os.environ[name] = old
 
 
-def combine_revisions(h_v: int, lens: list[int], piece: int, revs=(1, 2, 3, "3bv32"), seed: int = 0) -> dict:
+def combine_revisions(
+    h_v: int, lens: list[int], piece: int, revs=("1", "2", "3", "2bv32", "3bv32"), seed: int = 0
+) -> dict:
     """us per launch of fwd/cp_combine.py at each revision on random [h | M] (transitions of moderate norm),
     per link of the longest sequence, and each revision's relative error against the host walk."""
     cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
@@ -132,10 +138,16 @@ def combine_revisions(h_v: int, lens: list[int], piece: int, revs=(1, 2, 3, "3bv
     first = cpp.seq_first_piece.tolist()
     links = max(b - a - 1 for a, b in itertools.pairwise(first))
     host = combine(cpp, hm, None).double()
-    row: dict = {"h_v": h_v, "seqs": "+".join(map(str, lens)), "piece_chunks": piece,
-                 "pieces": cpp.num_pieces, "longest_links": links}
-    for rev in revs:  # "3bv32": rev 3 with 32-column V-slices
-        r, bv = (int(rev[0]), 32) if isinstance(rev, str) else (rev, 64)
+    row: dict = {
+        "h_v": h_v,
+        "seqs": "+".join(map(str, lens)),
+        "piece_chunks": piece,
+        "pieces": cpp.num_pieces,
+        "longest_links": links,
+    }
+    for rev in revs:  # "R" or "RbvN": revision R at N-column V-slices (default 64)
+        r_text, _, bv_text = rev.partition("bv")
+        r, bv = int(r_text), int(bv_text or 64)
         out = _combine_kernel(cpp, hm, None, r, bv)
         us = median_event_ms(lambda: _combine_kernel(cpp, hm, None, r, bv), reps=50) * 1e3  # noqa: B023
         row[f"rev{rev}_us"] = round(us, 2)
@@ -151,17 +163,30 @@ def main(argv: list[str]) -> None:
                 ((8, [32768], 128), (8, [32768], 64), (8, [32768], 32), (8, [32768], 16), (16, [32768], 64),
                  (8, [4096, 28672], 64), (32, [16384], 32))]  # fmt: skip
         with open(path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "timer": "cuda events, no L2 flush, median of 50",
-                       "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "timer": "cuda events, no L2 flush, median of 50",
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
         for r in rows:
             print(json.dumps(r))
         return
     path = argv[0] if argv else "cp_breakdown.json"
-    rows = [cp_breakdown(2, 8, [32768], [16, 32, 64, 128]), cp_breakdown(4, 16, [32768], [32, 64]),
-            cp_breakdown(2, 8, [4096, 28672], [64])]
+    rows = [
+        cp_breakdown(2, 8, [32768], [16, 32, 64, 128]),
+        cp_breakdown(4, 16, [32768], [32, 64]),
+        cp_breakdown(2, 8, [4096, 28672], [64]),
+    ]
     with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "timer": "cuda events, no L2 flush, median of 20",
-                   "rows": rows}, f, indent=1)
+        json.dump(
+            {"device": torch.cuda.get_device_name(), "timer": "cuda events, no L2 flush, median of 20", "rows": rows},
+            f,
+            indent=1,
+        )
     for r in rows:
         print(json.dumps(r))
 

@@ -75,7 +75,7 @@ def test_state_pass_gives_h_and_m():
     assert eh <= TOL and em <= TOL, (eh, em)
 
 
-@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (3, 64), (3, 32)])
+@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (2, 32), (3, 64), (3, 32)])
 def test_combine_kernel_matches_the_host_walk(rev, block_v):
     """fwd/cp_combine.py (one launch, each revision) against cp.combine (the host walk) on a real state pass's
     [h | M]."""

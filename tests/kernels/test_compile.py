@@ -191,7 +191,7 @@ def test_kkt_solve_v4_emit_ab_compiles(impl, dtype):
     assert rep.source.count("kTensorFloat32") == (36 if impl == "v4" else 12), rep.line()
 
 
-@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (3, 64), (3, 32)])
+@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (2, 32), (3, 64), (3, 32)])
 @pytest.mark.parametrize("use_h0", [True, False])
 def test_cp_combine_kernel_compiles(use_h0, rev, block_v):
     from qla_kernels.gdn.fwd.cp_combine import PASS_CONFIGS, cp_combine_program

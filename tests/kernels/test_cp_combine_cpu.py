@@ -33,7 +33,7 @@ def test_default_revision_is_the_newest():
     assert REV == 3
 
 
-@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (3, 64), (3, 32)])
+@pytest.mark.parametrize(("rev", "block_v"), [(1, 64), (2, 64), (2, 32), (3, 64), (3, 32)])
 @pytest.mark.parametrize("with_h0", [True, False])
 def test_combine_kernel_matches_float64_and_the_host_walk(kernels, with_h0, rev, block_v):
     # three sequences: split in 3, not split, split in 2 (ragged last pieces)
