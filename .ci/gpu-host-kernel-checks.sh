@@ -33,6 +33,18 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 18, call 3 (COMBINE_T256=1): rev 2 at 32 columns with 256 threads (ncu, call 2: one warp per
+# scheduler, issue-latency bound on the M split's per-element instructions) against 128, per link and
+# through the harness on 2/8.
+if [ -n "${COMBINE_T256:-}" ]; then
+  timeout -s KILL 60 python -m qla_kernels.gdn.profile_cp --combine "$dest/cp_combine_revs3.json" \
+    > /tmp/combine-profile3.log 2>&1
+  echo "combine-profile rc=$? t=$(( $(date +%s) - t0 )) s"
+  ab cp-t256 50 2/8 QLA_CP_COMBINE_REV=2 QLA_CP_COMBINE_BV=32 QLA_CP_COMBINE_THREADS=256
+  ab cp-t128 50 2/8 QLA_CP_COMBINE_REV=2 QLA_CP_COMBINE_BV=32 QLA_CP_COMBINE_THREADS=128
+  exit 0
+fi
+
 # Session 18, call 2 (COMBINE_BV32=1): revs 2 and 3 at 32-column V-slices (call 1: 32 columns 1.026x faster
 # than 64 on 2/8's whole forward; rev 3's prefetch slower than rev 2 per link), and Nsight Compute's reading
 # of rev 2 at 32 columns on 2/8 1x32768. At most 8 files come back: the rest stays in /tmp.

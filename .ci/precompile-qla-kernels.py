@@ -67,10 +67,11 @@ def variants() -> list[tuple[str, str, tuple]]:
     for lean in (False, True):  # profile builds (profile_fwd.profile_fused_ws7)
         out.append((f"ws rev{9 if lean else 8} profile", "fused_fwd_ws7_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, True, True, lean)))  # fmt: skip
-    for rev, bv in ((3, 64), (3, 32), (2, 64), (2, 32), (1, 64)):  # CP's one-kernel combine (api._combine_kernel; A/B)
+    # CP's one-kernel combine (api._combine_kernel; the default, then the A/B set)
+    for rev, bv, th in ((2, 32, 128), (2, 32, 256), (2, 64, 128), (3, 32, 128), (3, 64, 128), (1, 64, 128)):
         for use_h0 in (True, False):
-            out.append((f"cp combine rev{rev} bv{bv} h0={use_h0}", "cp_combine_kernel",
-                        (HEAD_DIM, HEAD_DIM, bv, use_h0, False, rev)))  # fmt: skip
+            out.append((f"cp combine rev{rev} bv{bv} t{th} h0={use_h0}", "cp_combine_kernel",
+                        (HEAD_DIM, HEAD_DIM, bv, use_h0, False, rev, th)))  # fmt: skip
     for rev in (5, 7, 8, 9):
         for bv in (128, 64, 32):
             out.append((f"ws rev{rev} state pass bv{bv}", "fused_fwd_ws_kernel",

@@ -429,6 +429,9 @@ CP_COMBINE_REV_ENV = "QLA_CP_COMBINE_REV"
 # its V-slice per CTA (default fwd/cp_combine.py's BLOCK_V): 32 halves each CTA's products, not its M work
 CP_COMBINE_BLOCK_VS = ("64", "32")
 CP_COMBINE_BV_ENV = "QLA_CP_COMBINE_BV"
+# its threads per CTA (default fwd/cp_combine.py's THREADS): 256 halves each thread's share of the M split
+CP_COMBINE_THREAD_COUNTS = ("128", "256")
+CP_COMBINE_THREADS_ENV = "QLA_CP_COMBINE_THREADS"
 
 
 def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, rev: int = 5):
@@ -469,25 +472,38 @@ def resolve_cp_combine_block_v() -> int:
     return int(_resolve(None, "", CP_COMBINE_BV_ENV, str(BLOCK_V), CP_COMBINE_BLOCK_VS))
 
 
+def resolve_cp_combine_threads() -> int:
+    """$QLA_CP_COMBINE_THREADS, else fwd/cp_combine.py's THREADS."""
+    from .fwd.cp_combine import THREADS
+
+    return int(_resolve(None, "", CP_COMBINE_THREADS_ENV, str(THREADS), CP_COMBINE_THREAD_COUNTS))
+
+
 @functools.cache
-def _combine_launcher(use_h0: bool, rev: int, block_v: int):
+def _combine_launcher(use_h0: bool, rev: int, block_v: int, threads: int):
     """The one-kernel combine's launcher, memoised like the other kernels'."""
     from .fwd.cp_combine import cp_combine_kernel
 
-    return launcher(cp_combine_kernel(HEAD_DIM, HEAD_DIM, block_v, use_h0, False, rev))
+    return launcher(cp_combine_kernel(HEAD_DIM, HEAD_DIM, block_v, use_h0, False, rev, threads))
 
 
 def _combine_kernel(
-    cpp: CPPlan, hm: torch.Tensor, h0: torch.Tensor | None, rev: int | None = None, block_v: int | None = None
+    cpp: CPPlan,
+    hm: torch.Tensor,
+    h0: torch.Tensor | None,
+    rev: int | None = None,
+    block_v: int | None = None,
+    threads: int | None = None,
 ) -> torch.Tensor:
-    """cp.combine's result from one launch of fwd/cp_combine.py (rev, block_v: None resolves
-    $QLA_CP_COMBINE_REV, $QLA_CP_COMBINE_BV)."""
+    """cp.combine's result from one launch of fwd/cp_combine.py (rev, block_v, threads: None resolves
+    $QLA_CP_COMBINE_REV, $QLA_CP_COMBINE_BV, $QLA_CP_COMBINE_THREADS)."""
     p, h_v, k, two_v = hm.shape
     init = torch.empty(p, h_v, k, two_v // 2, dtype=torch.float32, device=hm.device)
     h0_ = h0.float().contiguous() if h0 is not None else _dummy_state(h_v, hm.device)
     rev = resolve_cp_combine_rev() if rev is None else rev
     block_v = resolve_cp_combine_block_v() if block_v is None else block_v
-    _combine_launcher(h0 is not None, rev, block_v)(hm, h0_, cpp.seq_first_piece, init)
+    threads = resolve_cp_combine_threads() if threads is None else threads
+    _combine_launcher(h0 is not None, rev, block_v, threads)(hm, h0_, cpp.seq_first_piece, init)
     return init
 
 

@@ -126,7 +126,7 @@ def _with_env(name: str, value: str, fn):
 
 
 def combine_revisions(
-    h_v: int, lens: list[int], piece: int, revs=("1", "2", "3", "2bv32", "3bv32"), seed: int = 0
+    h_v: int, lens: list[int], piece: int, revs=("1", "2", "2bv32", "3bv32", "2bv32t256"), seed: int = 0
 ) -> dict:
     """us per launch of fwd/cp_combine.py at each revision on random [h | M] (transitions of moderate norm),
     per link of the longest sequence, and each revision's relative error against the host walk."""
@@ -145,11 +145,12 @@ def combine_revisions(
         "pieces": cpp.num_pieces,
         "longest_links": links,
     }
-    for rev in revs:  # "R" or "RbvN": revision R at N-column V-slices (default 64)
-        r_text, _, bv_text = rev.partition("bv")
-        r, bv = int(r_text), int(bv_text or 64)
-        out = _combine_kernel(cpp, hm, None, r, bv)
-        us = median_event_ms(lambda: _combine_kernel(cpp, hm, None, r, bv), reps=50) * 1e3  # noqa: B023
+    for rev in revs:  # "R[bvN][tM]": revision R at N-column V-slices (default 64), M threads (default 128)
+        rest, _, t_text = rev.partition("t")
+        r_text, _, bv_text = rest.partition("bv")
+        r, bv, th = int(r_text), int(bv_text or 64), int(t_text or 128)
+        out = _combine_kernel(cpp, hm, None, r, bv, th)
+        us = median_event_ms(lambda: _combine_kernel(cpp, hm, None, r, bv, th), reps=50) * 1e3  # noqa: B023
         row[f"rev{rev}_us"] = round(us, 2)
         row[f"rev{rev}_us_per_link"] = round(us / max(links, 1), 2)
         row[f"rev{rev}_err"] = float((out.double() - host).norm() / host.norm())

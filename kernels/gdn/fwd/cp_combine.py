@@ -45,7 +45,7 @@ def _tf32_loop_gemm_bt(a, bt, out, clear):
 
 
 def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, cpu_debug: bool = False,
-                       rev: int = REV):  # fmt: skip
+                       rev: int = REV, threads: int = THREADS):  # fmt: skip
     """(hm [P, H_v, K, 2V] fp32, h0 [N, H_v, K, V] fp32, seq_first_piece [N+1] int32) -> init [P, H_v, K, V]:
     the state at the start of every piece (h0, or zeros, for a sequence's first piece)."""
     assert dk == dv, "the transition M is K x K and multiplies S [K, V]: K == V"
@@ -91,7 +91,7 @@ def cp_combine_program(dk: int, dv: int, block_v: int, use_initial_state: bool, 
         seq_first_piece: T.Tensor((nsp1,), "int32"),
         init: T.Tensor((np_, h_v, K, dv), acc),
     ):
-        with T.Kernel((nsp1 - 1) * h_v * nv, threads=THREADS) as (bid,):
+        with T.Kernel((nsp1 - 1) * h_v * nv, threads=threads) as (bid,):
             seq = T.alloc_var("int32", init=bid // (h_v * nv))
             bh = T.alloc_var("int32", init=(bid // nv) % h_v)
             v0 = T.alloc_var("int32", init=(bid % nv) * block_v)
