@@ -57,16 +57,18 @@ class CPHeuristics:
     (tests/gpu/test_qla_cp.py::test_time_cp_mixes[harness]): the change CP makes to the whole forward is
     then predicted within 24 us RMS (169 before, which priced CP 0.1-0.45 ms too high and declined it on
     8 mixes where it gains 2.5-24 %). The combine is the one-kernel
-    form (session 8, profile_cp's combine_kernel on the H200): its links S_{p+1} = M_p S_p + h_p run one
-    after another within a sequence, ~10.5 us each, plus ~13.5 us for the launch and the first loads
-    (0.087 ms for 7 links, 0.162 for 15, 0.340 for 31; 6 links of a two-sequence mix 0.078). The host walk
-    ($QLA_CP_COMBINE=views, ~40 us of host time a link) is not priced."""
+    form: its links S_{p+1} = M_p S_p + h_p run one after another within a sequence, plus ~13.5 us for the
+    launch and the first loads. Session 8 (rev 1, H200): ~10.5 us a link (0.087 ms for 7 links, 0.162 for 15,
+    0.340 for 31). Session 18 (H100, one call, profile_cp --combine at 3/7/15/31 links): rev 1 10.45 us a
+    link (as on the H200), rev 2 at 32-column slices (the default) 6.06, so combine_link_us = 6.1; the
+    intercept (12.7 us) is within the H200's 13.5, kept. The host walk ($QLA_CP_COMBINE=views, ~40 us of host
+    time a link) is not priced."""
 
     fused_step_us: tuple[tuple[int, float], ...] = ((32, 1.6), (64, 2.0), (128, 3.0))
     fused_ctas_per_sm: int = 1  # 100-200 KiB of shared memory per CTA: one per SM
     piece_setup_us: float = 10.0
     prep_step_scale: float = 0.7
-    combine_link_us: float = 10.5
+    combine_link_us: float = 6.1
     combine_setup_us: float = 13.5
     launch_us: float = 5.0  # per extra launch (state pass, fused walk over pieces)
     margin: float = 0.05  # CP must be predicted at least this much faster than no CP

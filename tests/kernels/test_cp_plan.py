@@ -75,9 +75,9 @@ CP_MIX_MS = {
     (64, (32768,)): (1.5831, 2.7160, 2.3761, 2.2035, 2.2235),
 }
 PIECES = (16, 32, 64, 128)
-# those runs took the count rule's V-slice widths (plan.choose_block_v_ws): the model is compared with them
-# under the same widths (width_margin=1 never leaves the count rule)
-COUNT_RULE = CPHeuristics(width_margin=1.0)
+# those runs took the count rule's V-slice widths (plan.choose_block_v_ws) and combine rev 1 (~10.5 us a link):
+# the model is compared with them under the same widths (width_margin=1 never leaves the count rule) and link cost
+COUNT_RULE = CPHeuristics(width_margin=1.0, combine_link_us=10.5)
 
 
 def _chunks(lens):

@@ -14,7 +14,12 @@ with 128 scalar loads a thread and multiplies on mma.sync with per-k shared-memo
 (TileLang lowers fp32 operands to mma.sync; its wgmma path needs operands of dtype tfloat32, A K-major and B
 transposed). rev 2 stages M_p through registers in two 64-row vector copies and stores its hi and lo parts as
 tfloat32, keeps S's parts transposed ([block_v, K], K-major) so the three products run on wgmma, and starts each
-link's accumulator from h_p's slice instead of adding h_p after the products.
+link's accumulator from h_p's slice instead of adding h_p after the products. rev 3 also prefetches the next
+link's first half of M_p during the products (255 registers): slower than rev 2 (H100, session 18).
+Measured per link (H100, 2/8 x 32768 at 64-chunk pieces, profile_cp --combine): rev 1 11.3 us, rev 2 9.9,
+rev 3 10.5; at block_v = 32 rev 2 7.8 and rev 3 8.3. Nsight Compute (rev 2, block_v = 32): one warp per
+scheduler, 4.75 % of issue slots busy, ~4.7 cycles between a warp's instructions: latency-bound on the
+per-element work of the M split, not on the products; a 3-way bank conflict on its shared stores.
 
 cpu_debug=True builds the same program for TileLang's C backend (GEMMs as loops with mma.sync's tf32
 operand truncation), so its indexing runs against float64 on a CPU (tests/kernels/test_cp_combine_cpu.py).
@@ -26,12 +31,12 @@ import tilelang.language as T
 from .kkt_solve_v3 import _tf32_hi, _tf32_operand, tf32_loop_gemm
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
-THREADS = 128
-# sm_90a builds (ptxas -v): block_v = 64 needs 233-235 registers and no spills, 192 KiB of shared memory;
-# block_v = 32 spills 336 B (TileLang keeps the GEMM's whole K = 128 operand fragments in registers), and
-# 256 threads made both worse (255 registers, 12-412 B spilled). The api runs block_v = 64.
-BLOCK_V = 64
-REV = 3  # see the module docstring; rev 1 kept for A/B ($QLA_CP_COMBINE_REV in api.py)
+THREADS = 128  # 256 builds (rev 2, block_v = 32: 253 registers, no spills) but is not measured
+# sm_90a builds (ptxas -v): rev 1 at block_v = 64 needs 233-235 registers and no spills, 192 KiB of shared memory
+# (at 32 it spilled 336 B); rev 2 at 64 needs 168, at 32 180 (160 KiB), no spills. block_v = 32 doubles the CTAs
+# and halves each one's products and S work (the M split stays): rev 2 7.8 us a link against 9.9 at 64.
+BLOCK_V = 32
+REV = 2  # see the module docstring; revs 1 and 3 kept for A/B ($QLA_CP_COMBINE_REV in api.py)
 
 
 @T.macro
