@@ -35,7 +35,9 @@ DEFAULT_REV = "rev4"  # bwd_api.DEFAULT_DSTATE_REV (not imported: bwd_api import
 # (session 9). Session 10 refit the forward's piece_setup_us and prep_step_scale on the ws6 forward; stage 0
 # runs the ws5 state-storing walk, whose CP timings have not been refit, so it keeps session 9's values.
 # Stage 0's walk runs at the count rule's width (bwd_api), so its price keeps that width (width_margin=1).
-STAGE0_HEURISTICS = CPHeuristics(piece_setup_us=20.0, prep_step_scale=0.8, width_margin=1.0)
+# The combine keeps session 9's link cost (rev 1, 10.5 us) too: with rev 2's 6.1 the model moves 2/4 x 32 K
+# from 64- to 32-chunk pieces, which no backward run has measured; refit with the backward's CP timings.
+STAGE0_HEURISTICS = CPHeuristics(piece_setup_us=20.0, prep_step_scale=0.8, width_margin=1.0, combine_link_us=10.5)
 
 PASS_SETUP_US = 20.0  # a stage-1 pass over pieces beyond its steps (launch, first loads)
 MARGIN = 0.05  # CP must be predicted at least this much faster than no CP
