@@ -1,4 +1,4 @@
-"""Context parallelism's combine step as one kernel (prepared in session 7; NOT yet run on a GPU).
+"""Context parallelism's combine step as one kernel (session 7; the default since session 8).
 
 cp.combine walks each split sequence's pieces on the host, one batched GEMM launch per link
 S_{p+1} = M_p S_p + h_p. On the H200 host that costs ~40 us of launch time per link (NOTES.md, session 7):
