@@ -18,6 +18,9 @@ from .cp_plan import CPPlan, plan_block_v, plan_cp
 from .plan import (
     BLOCK_V_CHOICES,
     CHUNK,
+    CP_COMBINE_BLOCK_V,
+    CP_COMBINE_REV,
+    CP_COMBINE_THREADS,
     WS7_BLOCK_V,
     ChunkPlan,
     choose_block_v,
@@ -459,24 +462,18 @@ def resolve_cp_combine() -> str:
 
 
 def resolve_cp_combine_rev() -> int:
-    """$QLA_CP_COMBINE_REV, else fwd/cp_combine.py's REV."""
-    from .fwd.cp_combine import REV
-
-    return int(_resolve(None, "", CP_COMBINE_REV_ENV, str(REV), CP_COMBINE_REVS))
+    """$QLA_CP_COMBINE_REV, else plan.CP_COMBINE_REV."""
+    return int(_resolve(None, "", CP_COMBINE_REV_ENV, str(CP_COMBINE_REV), CP_COMBINE_REVS))
 
 
 def resolve_cp_combine_block_v() -> int:
-    """$QLA_CP_COMBINE_BV, else fwd/cp_combine.py's BLOCK_V."""
-    from .fwd.cp_combine import BLOCK_V
-
-    return int(_resolve(None, "", CP_COMBINE_BV_ENV, str(BLOCK_V), CP_COMBINE_BLOCK_VS))
+    """$QLA_CP_COMBINE_BV, else plan.CP_COMBINE_BLOCK_V."""
+    return int(_resolve(None, "", CP_COMBINE_BV_ENV, str(CP_COMBINE_BLOCK_V), CP_COMBINE_BLOCK_VS))
 
 
 def resolve_cp_combine_threads() -> int:
-    """$QLA_CP_COMBINE_THREADS, else fwd/cp_combine.py's THREADS."""
-    from .fwd.cp_combine import THREADS
-
-    return int(_resolve(None, "", CP_COMBINE_THREADS_ENV, str(THREADS), CP_COMBINE_THREAD_COUNTS))
+    """$QLA_CP_COMBINE_THREADS, else plan.CP_COMBINE_THREADS."""
+    return int(_resolve(None, "", CP_COMBINE_THREADS_ENV, str(CP_COMBINE_THREADS), CP_COMBINE_THREAD_COUNTS))
 
 
 @functools.cache

@@ -140,6 +140,11 @@ def choose_block_v_ws(num_seqs: int, h_v: int, num_sms: int = 132) -> int:
 
 # fused_fwd_ws7.py keeps S^T [BV, K] as a wgmma accumulator of one warpgroup, whose M is 64
 WS7_BLOCK_V = 64
+# CP's one-launch combine (fwd/cp_combine.py, whose docstring says what each revision does and measured): the
+# default revision, V-slice width and threads. Here, not there, so the api resolves them without tilelang.
+CP_COMBINE_REV = 2
+CP_COMBINE_BLOCK_V = 32
+CP_COMBINE_THREADS = 128
 
 WS_IMPL = "ws12"
 

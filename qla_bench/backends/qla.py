@@ -114,7 +114,11 @@ class QlaBackend(Backend):
             flags["qla_fused"] += f"; {api.A0_FALLBACK_IMPL} where a backward follows"
         kkt, kkt_agb = api.resolve_kkt_impl(), api.resolve_kkt_impl(emit_agb=True)
         flags["qla_kkt"] = kkt if kkt == kkt_agb else f"{kkt}; {kkt_agb} where it writes Agb (forward only)"
-        flags["qla_cp"] = f"on (combine: {api.resolve_cp_combine()})" if api.resolve_cp() else "off"
+        combine = api.resolve_cp_combine()
+        if combine == "kernel":  # the one-launch combine's variant (its A/B rows differ only in this)
+            combine += (f" rev {api.resolve_cp_combine_rev()}, {api.resolve_cp_combine_block_v()} columns,"
+                        f" {api.resolve_cp_combine_threads()} threads")  # fmt: skip
+        flags["qla_cp"] = f"on (combine: {combine})" if api.resolve_cp() else "off"
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         flags["qla_bwd_states"] = bwd_api.resolve_states_impl()
         flags["qla_bwd_grads"] = bwd_api.resolve_grads_rev()

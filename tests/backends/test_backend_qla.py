@@ -49,7 +49,8 @@ def _install(install_module, calls):
 
 def test_modes_and_flags(monkeypatch):
     pytest.importorskip("qla_kernels.gdn.api")
-    for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE", "QLA_BWD_CP"):
+    for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE", "QLA_CP_COMBINE_REV", "QLA_CP_COMBINE_BV",
+                "QLA_CP_COMBINE_THREADS", "QLA_BWD_CP"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     b = QlaBackend()
     assert b.modes == ("fwd", "bwd", "train")
@@ -59,7 +60,14 @@ def test_modes_and_flags(monkeypatch):
     assert flags["qla_kkt"] == "v4; v4t where it writes Agb (forward only)"
     monkeypatch.setenv("QLA_FUSED_IMPL", "ws10")  # no A0: bwd and train rows say their forward ran ws6
     assert QlaBackend().env_flags()["qla_fused"] == "ws10; ws6 where a backward follows"
-    assert flags["qla_cp"] == "on (combine: kernel)"
+    assert flags["qla_cp"] == "on (combine: kernel rev 2, 32 columns, 128 threads)"
+    monkeypatch.setenv("QLA_CP_COMBINE_REV", "1")
+    monkeypatch.setenv("QLA_CP_COMBINE_BV", "64")
+    assert b.env_flags()["qla_cp"] == "on (combine: kernel rev 1, 64 columns, 128 threads)"
+    monkeypatch.setenv("QLA_CP_COMBINE_BV", "48")
+    with pytest.raises(ValueError, match=r"\$QLA_CP_COMBINE_BV must be one of \['32', '64'\]"):
+        b.env_flags()
+    monkeypatch.delenv("QLA_CP_COMBINE_BV")
     monkeypatch.setenv("QLA_KKT_IMPL", "v3")
     monkeypatch.setenv("QLA_FUSED_IMPL", "v2")
     monkeypatch.setenv("QLA_CP_COMBINE", "views")

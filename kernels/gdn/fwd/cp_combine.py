@@ -28,15 +28,17 @@ operand truncation), so its indexing runs against float64 on a CPU (tests/kernel
 import tilelang  # no `from __future__ import annotations`: TVMScript reads the annotations' closure names
 import tilelang.language as T
 
+from ..plan import CP_COMBINE_BLOCK_V as BLOCK_V  # noqa: F401 (the default width, read by tests and tools)
+from ..plan import CP_COMBINE_REV as REV
+from ..plan import CP_COMBINE_THREADS as THREADS
 from .kkt_solve_v3 import _tf32_hi, _tf32_operand, tf32_loop_gemm
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
-THREADS = 128  # 256 builds (rev 2, block_v = 32: 253 registers, no spills) but is not measured
+# THREADS (128): 256 builds (rev 2, block_v = 32: 253 registers, no spills) but is not measured.
 # sm_90a builds (ptxas -v): rev 1 at block_v = 64 needs 233-235 registers and no spills, 192 KiB of shared memory
 # (at 32 it spilled 336 B); rev 2 at 64 needs 168, at 32 180 (160 KiB), no spills. block_v = 32 doubles the CTAs
 # and halves each one's products and S work (the M split stays): rev 2 7.8 us a link against 9.9 at 64.
-BLOCK_V = 32
-REV = 2  # see the module docstring; revs 1 and 3 kept for A/B ($QLA_CP_COMBINE_REV in api.py)
+# BLOCK_V = 32 and REV = 2 (plan.py); revs 1 and 3 are kept for A/B ($QLA_CP_COMBINE_REV in api.py).
 
 
 @T.macro
