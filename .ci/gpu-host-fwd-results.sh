@@ -34,10 +34,7 @@ step() {  # step NAME LIMIT ROWS-FILE CLI-ARGS...: run the CLI, then copy its ro
   [ -f "$rows" ] && cp "$rows" "$dest/fwd-$name.jsonl"
 }
 
-# rows record the commit: the host's copy of the tree has no .git, so take .gpuhost/sha (written before the call)
-if [ -z "${QLA_GIT_SHA:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1 && [ -f .gpuhost/sha ]; then
-  export QLA_GIT_SHA; QLA_GIT_SHA=$(cat .gpuhost/sha)
-fi
+# rows record the commit: gpu-host-setup.sh exports QLA_GIT_SHA from .gpuhost/sha
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$dest/fwd-gpu.txt" 2>&1
 echo "commit ${QLA_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null)}; QLA_* $(env | grep '^QLA_' | tr '\n' ' ')" \
   >> "$dest/fwd-gpu.txt"

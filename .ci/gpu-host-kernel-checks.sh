@@ -62,11 +62,11 @@ if [ -n "${COMBINE_BV32:-}" ]; then
   exit 0
 fi
 
-# Session 18: CP's combine rev 3 (wgmma on tfloat32 operands, M staged through registers with the next
-# link's first half prefetched): every revision against the host walk on a real state pass, the per-link
-# times of revs 1-3 (and rev 3 at 32-column V-slices), then the few-head CP configs through the harness
-# against FlashQLA (rev 3, the default), with 32-column slices and with rev 1, then the CP mixes at every piece length with the harness's gates (the cost model's data:
-# tests/kernels/test_cp_plan.py) and the CP forward's float64 checks with rev 3.
+# Session 18, call 1 (the plain run): CP's combine (wgmma on tfloat32 operands; rev 2 at 32 columns is now
+# the default, so "cp-rev3" below runs the default and "cp-bv32" repeats it): every revision against the host
+# walk on a real state pass, per-link times, the few-head CP configs through the harness against FlashQLA,
+# the CP mixes at every piece length with the harness's gates (the cost model's data) and the CP forward's
+# float64 cases.
 step combine-check 120 tests/gpu/test_qla_cp.py -k combine_kernel_matches
 timeout -s KILL 60 python -m qla_kernels.gdn.profile_cp --combine "$dest/cp_combine_revs.json" \
   > "$dest/combine-profile.log" 2>&1

@@ -7,6 +7,8 @@ mkdir -p /tmp/site
 mkdir -p /tmp/qla-src
 ln -sfn "$PWD/kernels" /tmp/qla-src/qla_kernels
 export PYTHONPATH=/tmp/site:/tmp/qla-src:$PWD PYTHONUNBUFFERED=1
+# The host's copy has no usable git metadata: rows take the commit from .gpuhost/sha (written at commit time).
+[ -z "${QLA_GIT_SHA:-}" ] && [ -f .gpuhost/sha ] && export QLA_GIT_SHA=$(cat .gpuhost/sha)
 export QLA_CACHE_DIR=${QLA_CACHE_DIR:-/tmp/qla-cache}
 export TILELANG_CACHE_DIR=$QLA_CACHE_DIR/tilelang TRITON_CACHE_DIR=$QLA_CACHE_DIR/triton
 export FLASHINFER_WORKSPACE_BASE=$QLA_CACHE_DIR/flashinfer

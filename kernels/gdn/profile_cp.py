@@ -12,6 +12,7 @@ numbers go to NOTES.md.
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import json
 import os
@@ -168,6 +169,7 @@ def main(argv: list[str]) -> None:
                 {
                     "device": torch.cuda.get_device_name(),
                     "timer": "cuda events, no L2 flush, median of 50",
+                    "versions": {"torch": torch.__version__, "tilelang": importlib.metadata.version("tilelang")},
                     "rows": rows,
                 },
                 f,
