@@ -33,6 +33,27 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 19, call 1 (S19=1): the float64 checks session 18 left unrun on the new combine default (rev 2 at
+# 32 columns: the real-state-pass combine check, the CP forward's edge cases), then on an H200 the forward's
+# committed rows at this commit (events and the edge sweep, T = 1 included), or on an H100 the 256-thread
+# combine A/B and the CP choice for the 2/8 mixes FlashQLA still leads ($QLA_CP_MIXES).
+if [ -n "${S19:-}" ]; then
+  step combine-check 90 tests/gpu/test_qla_cp.py -k "combine_kernel_matches and 2-32"
+  step cp-forward-check 150 tests/gpu/test_qla_cp.py -k "cp_forward_matches_reference and kernel and ws12"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    OUT=$dest FWD_STEPS="events edge" bash .ci/gpu-host-fwd-results.sh "$(left)"
+  else
+    QLA_CP_MIXES="2/8:1024+7168,2/8:7168+1024,2/8:8192,4/16:8192" step cp-mixes-s19 120 tests/gpu/test_qla_cp.py \
+      -k "time_cp_mixes and harness"
+    timeout -s KILL 60 python -m qla_kernels.gdn.profile_cp --combine "$dest/cp_combine_t256.json" \
+      > "$dest/combine-profile-t256.log" 2>&1
+    echo "combine-profile rc=$? t=$(( $(date +%s) - t0 )) s"
+    ab cp-t256 60 2/8 QLA_CP_COMBINE_THREADS=256
+    ab cp-t128 60 2/8 QLA_CP_COMBINE_THREADS=128
+  fi
+  exit 0
+fi
+
 # Session 18, call 3 (COMBINE_T256=1): rev 2 at 32 columns with 256 threads (ncu, call 2: one warp per
 # scheduler, issue-latency bound on the M split's per-element instructions) against 128, per link and
 # through the harness on 2/8.

@@ -165,6 +165,22 @@ MIX_TIMING = [(16, 48, [4096, 28672]), (8, 24, [4096, 28672]), (16, 64, [28672, 
 MIX_PIECES = (16, 32, 64, 128)
 
 
+def _mixes() -> list[tuple[int, int, list[int]]]:
+    """MIX_TIMING, or the mixes $QLA_CP_MIXES names ("2/8:1024+7168,4/16:8192": a measurement's subset)."""
+    spec = os.environ.get("QLA_CP_MIXES", "").strip()
+    if not spec:
+        return MIX_TIMING
+    mixes = []
+    for item in spec.split(","):
+        heads, _, lens = item.partition(":")
+        h_qk, _, h_v = heads.partition("/")
+        try:
+            mixes.append((int(h_qk), int(h_v), [int(n) for n in lens.split("+")]))
+        except ValueError:
+            raise ValueError(f"$QLA_CP_MIXES: {item!r} is not 'H_QK/H_V:LEN+LEN...'") from None
+    return mixes
+
+
 @pytest.mark.parametrize("gates", ["tests", "harness"])
 def test_time_cp_mixes(gates):
     """The default forward (CP as the model decides), no CP, and forced piece lengths; $OUT/cp_mix_timing.json.
@@ -179,7 +195,7 @@ def test_time_cp_mixes(gates):
 
     flusher = L2Flusher(torch.device("cuda"))
     rows = []
-    for h_qk, h_v, lens in MIX_TIMING:
+    for h_qk, h_v, lens in _mixes():
         (q, k, v, g, beta), s0 = make_inputs(1, sum(lens), h_qk, h_v, seed=0, n=len(lens))
         if gates == "harness":
             g = make_gate("flashqla", sum(lens), h_v, 0.25, torch.Generator().manual_seed(0)).cuda()
