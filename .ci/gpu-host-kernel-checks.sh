@@ -33,6 +33,18 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 19, call 2 (S19_BWD=1): where the backward's time goes before changing it: every kernel of one
+# whole backward (torch.profiler), stage 2's phases (profile build, rev 6), and the backward's CP timings for
+# a refit of bwd_cp_plan with the faster combine (NOTES "Next" 0.d).
+if [ -n "${S19_BWD:-}" ]; then
+  timeout -s KILL 150 python -m qla_kernels.gdn.profile_bwd --kernels "$dest/bwd_kernels.json" > "$dest/bwd-kernels.log" 2>&1
+  echo "bwd-kernels rc=$? t=$(( $(date +%s) - t0 )) s"
+  timeout -s KILL 90 python -m qla_kernels.gdn.profile_bwd "$dest/bwd_stage2_phases.json" rev6 > "$dest/bwd-phases.log" 2>&1
+  echo "bwd-phases rc=$? t=$(( $(date +%s) - t0 )) s"
+  step bwd-cp-timing 240 tests/gpu/test_qla_bwd_cp.py -k time_bwd_cp
+  exit 0
+fi
+
 # Session 19, call 1 (S19=1): the float64 checks session 18 left unrun on the new combine default (rev 2 at
 # 32 columns: the real-state-pass combine check, the CP forward's edge cases), then on an H200 the forward's
 # committed rows at this commit (events and the edge sweep, T = 1 included), or on an H100 the 256-thread

@@ -7,6 +7,7 @@ runs ~one CTA per SM) can be split into loads, GEMM chains, reductions and the d
 tool: the stamps add a barrier each, so its numbers go to NOTES.md, never into results.
 
     python -m qla_kernels.gdn.profile_bwd OUT.json [rev1,rev2,...: bwd_api.GRADS_FLAGS keys]
+    python -m qla_kernels.gdn.profile_bwd --kernels OUT.json   # every kernel of one whole backward
 """
 
 from __future__ import annotations
@@ -66,7 +67,58 @@ def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, 
     }
 
 
+def kernel_breakdown(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, reps: int = 5) -> dict:
+    """GPU time of every kernel one whole backward (bwd_api.chunk_gated_delta_rule_bwd, the defaults) launches,
+    from torch.profiler's CUDA activity, averaged over reps calls: the stages, and what runs between them
+    (the GVA group sums, dtype casts, the CP combine) that the stage timings do not show."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t = sum(seqlens)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(1, t, h_qk, HEAD_DIM, device="cuda", generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(1, t, h_qk, HEAD_DIM, device="cuda", generator=gen), dim=-1)
+    q, k = q.bfloat16(), k.bfloat16()
+    v = torch.randn(1, t, h_v, HEAD_DIM, device="cuda", generator=gen).bfloat16()
+    do = torch.randn(1, t, h_v, HEAD_DIM, device="cuda", generator=gen).bfloat16()
+    g = -torch.rand(1, t, h_v, device="cuda", generator=gen) * 0.1
+    beta = torch.rand(1, t, h_v, device="cuda", generator=gen)
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)
+
+    def call():
+        return bwd_api.chunk_gated_delta_rule_bwd(q, k, v, fwd.g_cumsum, beta, fwd.a0, do, cu_seqlens=cu)
+
+    call()  # loads every module
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            call()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA" and ev.device_time > 0:
+            kernels.setdefault(ev.name[:90], []).append(ev.device_time)
+    rows = sorted(((name, sum(ts) / reps, len(ts) // reps) for name, ts in kernels.items()), key=lambda r: -r[1])
+    return {
+        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "reps": reps},
+        "kernels_us": [{"kernel": n, "us_per_call": round(us, 1), "launches_per_call": c} for n, us, c in rows],
+        "sum_us": round(sum(us for _, us, _ in rows), 1),
+    }
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--kernels":
+        path = argv[1] if len(argv) > 1 else "bwd_kernels.json"
+        results = [kernel_breakdown(hq, hv, lens) for hq, hv, lens in
+                   ((16, 32, [32768]), (16, 32, [8192]), (16, 32, [2048] * 4), (4, 8, [8192] * 4), (2, 4, [32768]))]
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "timer": "torch.profiler CUDA activity, no L2 flush",
+                       "results": results}, f, indent=1)  # fmt: skip
+        for r in results:
+            print(r["config"], "sum of kernels", r["sum_us"], "us")
+            for k in r["kernels_us"]:
+                print(f"  {k['us_per_call']:9.1f} us  x{k['launches_per_call']}  {k['kernel']}")
+        return
     path = argv[0] if argv else "bwd_stage2_phases.json"
     revs = argv[1].split(",") if len(argv) > 1 else list(bwd_api.GRADS_FLAGS)
     results = [profile_chunk_grads(16, 32, [8192], rev=r) for r in revs]
