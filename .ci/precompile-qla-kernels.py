@@ -99,7 +99,7 @@ def variants() -> list[tuple[str, str, tuple]]:
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True,
                              rev == "rev4")))  # fmt: skip
     out.append(("bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
-    for rev in ("rev4", "rev6"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
+    for rev in ("rev4", "rev6", "rev7"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, False, *flags, True)))  # fmt: skip
@@ -114,11 +114,13 @@ def variants() -> list[tuple[str, str, tuple]]:
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"fp16 bwd chunk grads {rev}", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags)))  # fmt: skip
-    for rev in ("rev4", "rev6"):
+    for rev in ("rev4", "rev6", "rev7"):
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"fp16 bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags, True)))  # fmt: skip
     out.append(("fp16 bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "float16")))
+    for dt in ("bfloat16", "float16"):  # bwd_api._group_sums with $QLA_BWD_GROUP_SUM=kernel
+        out.append((f"bwd group sum {dt}", "gva_group_sum_kernel", (HEAD_DIM, dt)))
     for rev in ("rev3", "rev4"):
         args = (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, 32, 256, False, True, 2, True, rev == "rev4")
         out.append((f"fp16 bwd dstate chain {rev} bv32 dht=True", "bwd_dstate_kernel", args))
@@ -129,7 +131,7 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 
 def factory(name: str):
-    from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk
+    from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk, group_sum
     from qla_kernels.gdn.fwd import (
         cp_combine,
         fused_fwd,
@@ -144,7 +146,7 @@ def factory(name: str):
     )
 
     modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, fused_fwd_ws, fused_fwd_ws7,
-               fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, dvl_wk)  # fmt: skip
+               fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, dvl_wk, group_sum)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)

@@ -58,15 +58,23 @@ DEFAULT_DSTATE_REV = "rev4"
 # per SM either way: twice the warps for its element-wise passes and reductions). On the H200 (session 6)
 # all pass; at 16/32 1x32768 rev2 6.41 ms, rev3 3.58, rev4 3.16, rev5 3.20: rev4 was the default until rev6.
 # $QLA_BWD_GRADS overrides the default.
-GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_beta_fp32) of bwd_chunk_grads_program
-    "rev1": (256, False, False, False, False),
-    "rev2": (256, True, False, False, False),
-    "rev3": (256, True, True, False, False),
-    "rev4": (256, True, True, True, False),
-    "rev5": (512, True, True, True, False),
-    "rev6": (256, True, True, True, True),  # rev4 with beta applied to dW in fp32 (dv's rounding)
+GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_beta_fp32, gamma_frag, ds_tma) of
+    # bwd_chunk_grads_program
+    "rev1": (256, False, False, False, False, False, False),
+    "rev2": (256, True, False, False, False, False, False),
+    "rev3": (256, True, True, False, False, False, False),
+    "rev4": (256, True, True, True, False, False, False),
+    "rev5": (512, True, True, True, False, False, False),
+    "rev6": (256, True, True, True, True, False, False),  # rev4 with beta applied to dW in fp32 (dv's rounding)
+    "rev7": (256, True, True, True, True, True, True),  # rev6 with Gamma in a fragment, dS' by TMA (session 19)
 }
 GRADS_REVS = tuple(GRADS_FLAGS)
+# How dq and dk per value head (fp32) become the GVA group's sums in q's dtype: "torch" (an fp32 add that
+# rounds on store for r = 2, else a sum then a cast: two passes) or "kernel" (bwd/group_sum.py: both tensors,
+# any r, one launch and one pass). $QLA_BWD_GROUP_SUM overrides the default.
+GROUP_SUM_IMPLS = ("torch", "kernel")
+GROUP_SUM_ENV = "QLA_BWD_GROUP_SUM"
+DEFAULT_GROUP_SUM = "torch"
 GRADS_REV_ENV = "QLA_BWD_GRADS"
 # "rev6" (session 7) is rev4 with beta applied to dW in fp32 after the product: on the H200 dv's error
 # fell 10 % on every qwen35-bwd config (0.996-1.007x FLA's on the edge configs where rev4 was 1.11-1.16x)
@@ -113,6 +121,10 @@ def resolve_dstate_rev() -> str:
 
 def resolve_grads_rev() -> str:
     return _resolve(None, "", GRADS_REV_ENV, DEFAULT_GRADS_REV, GRADS_REVS)
+
+
+def resolve_group_sum() -> str:
+    return _resolve(None, "", GROUP_SUM_ENV, DEFAULT_GROUP_SUM, GROUP_SUM_IMPLS)
 
 
 class DStateOutput(NamedTuple):
@@ -328,6 +340,31 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
     return dq, dk, dbeta, dg
 
 
+def _group_sums(dq_v: torch.Tensor, dk_v: torch.Tensor, b: int, t: int, h_qk: int, dtype: torch.dtype):
+    """dq, dk per value head ([1, T, H_v, K] fp32) -> [B, T, H_qk, K] in dtype: each GVA group summed in fp32,
+    rounded once (resolve_group_sum's way)."""
+    r = dq_v.shape[2] // h_qk
+    if resolve_group_sum() == "kernel":
+        from .bwd.group_sum import gva_group_sum_kernel
+
+        dq = torch.empty(b, t, h_qk, HEAD_DIM, dtype=dtype, device=dq_v.device)
+        dk = torch.empty_like(dq)
+        rows = b * t * h_qk
+        launcher(gva_group_sum_kernel(HEAD_DIM, _TL_DTYPE[dtype]))(
+            dq_v.view(rows, r, HEAD_DIM), dk_v.view(rows, r, HEAD_DIM), dq.view(rows, HEAD_DIM), dk.view(rows, HEAD_DIM)
+        )
+        return dq, dk
+
+    def one(x: torch.Tensor) -> torch.Tensor:
+        grouped = x.view(b, t, h_qk, r, HEAD_DIM)
+        if r == 2:  # one pass: the add runs in fp32 and rounds on store (sum-then-cast is two passes)
+            out = x.new_empty(b, t, h_qk, HEAD_DIM, dtype=dtype)
+            return torch.add(grouped[:, :, :, 0], grouped[:, :, :, 1], out=out)
+        return grouped.sum(3).to(dtype)
+
+    return one(dq_v), one(dk_v)
+
+
 def chunk_gated_delta_rule_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -370,18 +407,10 @@ def chunk_gated_delta_rule_bwd(
     dv = torch.empty_like(vf) if stage1.dv is None else None  # then stage 2 writes it, in v's dtype
     dq_v, dk_v, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale, dv)
 
-    r = h_v // h_qk
-
-    def group_sum(x: torch.Tensor) -> torch.Tensor:
-        """Value heads -> their qk head: summed in fp32, rounded once to q's dtype."""
-        grouped = x.view(b, t, h_qk, r, HEAD_DIM)
-        if r == 2:  # one pass: the add runs in fp32 and rounds on store (sum-then-cast is two passes)
-            return torch.add(grouped[:, :, :, 0], grouped[:, :, :, 1], out=q.new_empty(b, t, h_qk, HEAD_DIM))
-        return grouped.sum(3).to(q.dtype)
-
+    dq, dk = _group_sums(dq_v, dk_v, b, t, h_qk, q.dtype)
     return BwdOutput(
-        dq=group_sum(dq_v),
-        dk=group_sum(dk_v),
+        dq=dq,
+        dk=dk,
         dv=(stage1.dv if dv is None else dv).view(v.shape).to(v.dtype),
         dbeta=dbeta.view(b, t, h_v),
         dg=dg.view(b, t, h_v),

@@ -37,15 +37,22 @@ CASES = [
 
 @pytest.fixture(
     scope="module",
-    params=[(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
-    ids=["rev1-element-loads", "rev2-tile-loads", "rev3-hoisted-indices", "rev6-dw-beta-fp32"],
+    params=[
+        (False, False, False, False),
+        (True, False, False, False),
+        (True, True, False, False),
+        (True, True, True, False),
+        (True, True, True, True),
+    ],
+    ids=["rev1-element-loads", "rev2-tile-loads", "rev3-hoisted-indices", "rev6-dw-beta-fp32", "rev7-gamma-fragment"],
 )
 def kernel(request):
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    tile_loads, hoist, dw_beta = request.param
+    tile_loads, hoist, dw_beta, gamma_frag = request.param
     program = bwd_chunk_grads_program(
-        D, D, SCALE, "float32", cpu_debug=True, tile_loads=tile_loads, hoist_index=hoist, dw_beta_fp32=dw_beta
-    )
+        D, D, SCALE, "float32", cpu_debug=True, tile_loads=tile_loads, hoist_index=hoist, dw_beta_fp32=dw_beta,
+        gamma_frag=gamma_frag,
+    )  # fmt: skip
     return tilelang.compile(program, target="c", pass_configs=cfg)
 
 

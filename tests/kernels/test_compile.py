@@ -242,20 +242,25 @@ def test_bwd_dstate_chain_rev4_compiles(block_v):
     assert rep.source.count("wgmma") > 0
 
 
-@pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6"])
+@pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6", "rev7"])
 def test_bwd_chunk_grads_compiles(rev):
-    from qla_kernels.gdn.bwd.chunk_grads import PASS_CONFIGS, bwd_chunk_grads_program
+    from qla_kernels.gdn.bwd.chunk_grads import MERGED_PASS_CONFIGS, PASS_CONFIGS, bwd_chunk_grads_program
     from qla_kernels.gdn.bwd_api import GRADS_FLAGS
 
     threads, *flags = GRADS_FLAGS[rev]
     prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, False, *flags)
-    rep = build_sm90a(prog, PASS_CONFIGS)
+    rep = build_sm90a(prog, MERGED_PASS_CONFIGS if flags[5] else PASS_CONFIGS)  # ds_tma: the merged build
     print(rep.line())
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
     assert f"__launch_bounds__({threads}, 1)" in rep.source
     if flags[2]:  # rev 4+: six bulk copies (S and the 128-wide tiles in 64-column boxes) on two mbarriers
         assert rep.source.count("tl::tma_load(") >= 6 and "expect_transaction" in rep.source
+    if flags[5]:  # rev 7: dS' by TMA too (seven copies), none of it loaded by the threads from global memory
+        assert rep.source.count("tl::tma_load(") >= 7 and "tl::tma_load(ds_next_desc" in rep.source
+        assert "float* __restrict__ ds_next" not in rep.source, "dS' read by the threads"
+    if flags[4]:  # rev 7: Gamma's exp2 once per element of the CTA's fragment (rev 6's source has 9 exp2 sites)
+        assert rep.source.count("exp2") <= 4, rep.source.count("exp2")
 
 
 @pytest.mark.parametrize(("use_h0", "block_v"), [(True, 128), (False, 32)])

@@ -19,6 +19,8 @@ cpu_debug=True builds the same program for TileLang's C backend (GEMMs and reduc
 in and out) so tests/kernels/test_bwd_chunk_grads_cpu.py can run it against float64.
 """
 
+import inspect
+
 import tilelang
 import tilelang.language as T
 
@@ -45,6 +47,8 @@ def bwd_chunk_grads_program(
     hoist_index: bool = False,
     tma_loads: bool = False,
     dw_beta_fp32: bool = False,
+    gamma_frag: bool = False,
+    ds_tma: bool = False,
     store_dv: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
@@ -70,11 +74,20 @@ def bwd_chunk_grads_program(
     error of its own into its whole row of dW (and dv), the cause of dv's 1.11-1.16x FLA error found by the
     forward's rounding study (NOTES.md, session 6). Vn keeps the forward's Ag W.
 
+    gamma_frag=True (rev 7) evaluates Gamma once per CTA into a [C, C] fp32 fragment (the accumulators'
+    layout: 16 registers a thread) instead of at each of its seven uses (an exp2 and two shared loads of g
+    each): the profile build put the element-wise phases W/Vn/P and dP/dAg/gates at 17.5 K of 48.5 K cycles.
+    ds_tma=True (rev 7, GPU only, with tma_loads) brings dS' (fp32, 64 KiB, the largest tile) in by TMA with
+    the other tiles into a shared buffer whose lifetime ends at its bf16 cast, instead of a global ->
+    register copy by every thread before the barrier wait; dO is copied once dS' is cast (its buffer may
+    take dS''s space: 218 KiB of shared memory otherwise grows to 233) and waited for at its first use, dVn.
+
     store_dv=True (with stage 1 rev 3, which no longer forms dW) also writes dv = dW = Ag^T dVn, in the
     input dtype, to one more argument after dg: dv [1,T,H_v,V].
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
+    assert not ds_tma or tma_loads
     assert not (store_dv and profile)
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
@@ -100,9 +113,13 @@ def bwd_chunk_grads_program(
             T.reduce_sum(src, tmp, dim=dim)
             T.copy(tmp, out)
 
-    def gamma(g_sh, i, j):
-        """Gamma_ij = exp(g_i - g_j) on i >= j, else 0 (recomputed: a [C, C] fp32 copy does not fit)."""
+    def gamma_of(g_sh, i, j):
+        """Gamma_ij = exp(g_i - g_j) on i >= j, else 0."""
         return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
+
+    def gamma(g_sh, gam, i, j):
+        """Gamma_ij: read from the CTA's fragment (rev 7) or recomputed at each use."""
+        return gam[i, j] if gamma_frag else gamma_of(g_sh, i, j)
 
     @T.macro
     def stamp(prof, bid, point):
@@ -163,6 +180,7 @@ def bwd_chunk_grads_program(
             col_a = alloc_sh((C,), acc)
             sds_rows = alloc_sh((dk,), acc)
             x_sh = alloc_sh((C,), acc)  # x_i = D_r,i <K dS', Vn>_i
+            ds32_sh = alloc_sh((dk, dv), acc) if ds_tma else None  # dS' as loaded, until its bf16 cast
 
             cv = alloc_acc((C, dv))  # reused [C, V] accumulator
             ck = alloc_acc((C, dk))  # dq, then dk
@@ -175,6 +193,7 @@ def bwd_chunk_grads_program(
             red_c2r = alloc_acc((C,))
             red_c2c = alloc_acc((C,))
             red_k = alloc_acc((dk,))
+            gam = alloc_acc((C, C)) if gamma_frag else None
 
             stamp(prof, bid, 0)
             # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
@@ -186,11 +205,16 @@ def bwd_chunk_grads_program(
                         T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=loaded[0])
                         T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=loaded[0])
                         T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=loaded[0])
+                        if ds_tma:  # dS' and q with the first set; dO once dS' is cast (it may take dS''s space)
+                            T.tma_copy(ds_next[bc, bh, 0:dk, 0:dv], ds32_sh, barrier=loaded[0])
+                            T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[0])
                         T.barrier_arrive(loaded[0])
-                        T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[1])
-                        T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
-                        T.barrier_arrive(loaded[1])
-                    T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)  # global -> registers while the bulk copies fly
+                        if not ds_tma:
+                            T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[1])
+                            T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
+                            T.barrier_arrive(loaded[1])
+                    if not ds_tma:
+                        T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)  # global -> registers while the bulk copies fly
                     for i in T.Parallel(C):
                         g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                         b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
@@ -198,7 +222,8 @@ def bwd_chunk_grads_program(
                         d_sh[i] = T.exp2(g_sh[i] * LOG2E)
                         dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
                     T.barrier_wait(loaded[0], 0)
-                    T.barrier_wait(loaded[1], 0)
+                    if not ds_tma:  # rev 7 waits for dO at its first use (dVn)
+                        T.barrier_wait(loaded[1], 0)
                 else:
                     T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
                     T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
@@ -213,7 +238,8 @@ def bwd_chunk_grads_program(
                     for i, j in T.Parallel(C, dv):
                         if t0 + i >= end:
                             v_sh[i, j] = T.cast(0, dtype)
-                            do_sh[i, j] = T.cast(0, dtype)
+                            if not ds_tma:
+                                do_sh[i, j] = T.cast(0, dtype)
                 for i, j in T.Parallel(C, C):
                     a_sh[i, j] = T.if_then_else(i >= j and t0 + i < end, a_sh[i, j], T.cast(0, dtype))
             else:
@@ -238,15 +264,28 @@ def bwd_chunk_grads_program(
                 for i in T.Parallel(C):
                     d_sh[i] = T.exp2(g_sh[i] * LOG2E)
                     dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+            if gamma_frag:
+                for i, j in T.Parallel(C, C):
+                    gam[i, j] = gamma_of(g_sh, i, j)
             stamp(prof, bid, 1)
             # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
             if tile_loads:
                 if not tma_loads:  # rev 4 has both already
                     T.copy(states[bc, bh, 0:dk, 0:dv], s_sh)
                     T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)
-                for i, j in T.Parallel(dk, dv):
-                    ds_sh[i, j] = T.cast(sds[i, j], dtype)
-                    sds[i, j] = sds[i, j] * T.cast(s_sh[i, j], acc)
+                if ds_tma:
+                    for i, j in T.Parallel(dk, dv):
+                        ds_sh[i, j] = T.cast(ds32_sh[i, j], dtype)
+                        sds[i, j] = ds32_sh[i, j] * T.cast(s_sh[i, j], acc)
+                    T.sync_threads()  # every read of dS' is done: dO's copy may land in its space
+                    if T.get_thread_binding() < 32:
+                        T.fence_proxy_async()
+                        T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
+                        T.barrier_arrive(loaded[1])
+                else:
+                    for i, j in T.Parallel(dk, dv):
+                        ds_sh[i, j] = T.cast(sds[i, j], dtype)
+                        sds[i, j] = sds[i, j] * T.cast(s_sh[i, j], acc)
             else:
                 for i, j in T.Parallel(dk, dv):
                     s_sh[i, j] = states[bc, bh, i, j]
@@ -260,14 +299,14 @@ def bwd_chunk_grads_program(
             for i, j in T.Parallel(C, dv):
                 w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
             for i, j in T.Parallel(C, C):
-                ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, i, j) * b_sh[j], dtype)
+                ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j) * b_sh[j], dtype)
             mm(ag_sh, w_sh, cv)  # Vn
             for i, j in T.Parallel(C, dv):
                 vn_sh[i, j] = T.cast(cv[i, j], dtype)
                 vnr_sh[i, j] = T.cast(dr_sh[i] * cv[i, j], dtype)
             mm(q_sh, k_sh, cc, transpose_b=True)  # Q K^T
             for i, j in T.Parallel(C, C):
-                p_sh[i, j] = T.cast(scale * gamma(g_sh, i, j) * cc[i, j], dtype)
+                p_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc[i, j], dtype)
             stamp(prof, bid, 3)
             # dVn = P^T dO + D_r (K dS'); x_i = D_r,i sum_v (K dS')_iv Vn_iv
             mm(k_sh, ds_sh, cv)  # K dS'
@@ -277,6 +316,12 @@ def bwd_chunk_grads_program(
             mm(k_sh, ds_sh, cv)
             for i, j in T.Parallel(C, dv):
                 cv[i, j] = dr_sh[i] * cv[i, j]
+            if ds_tma:  # dO: first used here
+                T.barrier_wait(loaded[1], 0)
+                if end - t0 < C:
+                    for i, j in T.Parallel(C, dv):
+                        if t0 + i >= end:
+                            do_sh[i, j] = T.cast(0, dtype)
             mm(p_sh, do_sh, cv, transpose_a=True, clear=False)
             for i, j in T.Parallel(C, dv):
                 dvn_sh[i, j] = T.cast(cv[i, j], dtype)
@@ -284,7 +329,7 @@ def bwd_chunk_grads_program(
             # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
             if dw_beta_fp32:
                 for i, j in T.Parallel(C, C):  # Ag without beta (Vn above used the rounded Ag with it)
-                    ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, i, j), dtype)
+                    ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j), dtype)
                 mm(ag_sh, dvn_sh, cv, transpose_a=True)
                 for i, j in T.Parallel(C, dv):
                     cv[i, j] = b_sh[i] * cv[i, j]
@@ -310,16 +355,16 @@ def bwd_chunk_grads_program(
             # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
             mm(do_sh, vn_sh, cc2, transpose_b=True)
             for i, j in T.Parallel(C, C):
-                dqk_sh[i, j] = T.cast(scale * gamma(g_sh, i, j) * cc2[i, j], dtype)
+                dqk_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc2[i, j], dtype)
                 cc2[i, j] = T.cast(p_sh[i, j], acc) * cc2[i, j]  # scale Gamma QK^T dP (0 above the diagonal)
             # dAg = (dVn W^T) o L
             mm(dvn_sh, w_sh, cc, transpose_b=True)
             for i, j in T.Parallel(C, C):
                 cc2[i, j] = cc2[i, j] + T.if_then_else(
-                    i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gamma(g_sh, i, j), 0.0
+                    i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gamma(g_sh, gam, i, j), 0.0
                 )
-                da0_sh[i, j] = T.cast(T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, i, j) * b_sh[j], 0.0), dtype)
-                cc[i, j] = T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, i, j) * T.cast(a_sh[i, j], acc), 0.0)
+                da0_sh[i, j] = T.cast(T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype)
+                cc[i, j] = T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * T.cast(a_sh[i, j], acc), 0.0)
             reduce_sum(cc, col_a, red_ccc, 0)  # dbeta, first part
             # gates: dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + sum_j pair_ij - sum_j pair_ji
             for i in T.Parallel(C):
@@ -466,4 +511,18 @@ def bwd_chunk_grads_program(
     return bwd_chunk_grads
 
 
-bwd_chunk_grads_kernel = tilelang.jit(bwd_chunk_grads_program, pass_configs=PASS_CONFIGS)
+# rev 7's dS' tile (64 KiB, dead after its cast) fits beside the others only when TileLang reuses shared memory
+# by the buffers' lifetimes more aggressively: 225 KiB with this option, 233 KiB (over the 227 KiB limit)
+# without. The earlier revisions keep their builds as measured.
+MERGED_PASS_CONFIGS = {**PASS_CONFIGS, tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True}
+_kernel = tilelang.jit(bwd_chunk_grads_program, pass_configs=PASS_CONFIGS)
+_kernel_merged = tilelang.jit(bwd_chunk_grads_program, pass_configs=MERGED_PASS_CONFIGS)
+_SIGNATURE = inspect.signature(bwd_chunk_grads_program)
+
+
+def bwd_chunk_grads_kernel(*args, **kwargs):
+    """The compiled program for these arguments (bwd_chunk_grads_program's), with MERGED_PASS_CONFIGS when
+    ds_tma is set."""
+    bound = _SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return (_kernel_merged if bound.arguments["ds_tma"] else _kernel)(*args, **kwargs)
