@@ -218,6 +218,8 @@ def bwd_chunk_grads_program(
                     for i in T.Parallel(C):
                         g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                         b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
+                    if gamma_frag:  # g_sh[C - 1] below and Gamma read other warps' entries (revs 4-6 race on it)
+                        T.sync_threads()
                     for i in T.Parallel(C):
                         d_sh[i] = T.exp2(g_sh[i] * LOG2E)
                         dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
@@ -296,8 +298,15 @@ def bwd_chunk_grads_program(
             stamp(prof, bid, 2)
             # W = V - D (K S), Vn = Ag W
             mm(k_sh, s_sh, cv)  # K S
-            for i, j in T.Parallel(C, dv):
-                w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
+            if ds_tma:  # the merged build may give w_sh v_sh's space: read all of V before W is stored
+                for i, j in T.Parallel(C, dv):
+                    cv[i, j] = T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j]
+                T.sync_threads()
+                for i, j in T.Parallel(C, dv):
+                    w_sh[i, j] = T.cast(cv[i, j], dtype)
+            else:
+                for i, j in T.Parallel(C, dv):
+                    w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
             for i, j in T.Parallel(C, C):
                 ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j) * b_sh[j], dtype)
             mm(ag_sh, w_sh, cv)  # Vn
