@@ -33,24 +33,24 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
-# Session 19, call 3 (S19_REV7=1): stage 2 rev 7 (Gamma in a fragment, dS' by TMA) and the one-launch GVA
-# group sum (bwd/group_sum.py): the float64 checks of the whole backward (plain and CP) with both on, the
-# group sum against torch's, stage 2's phases rev 6 against rev 7, every kernel of the backward with both on,
-# then the harness's qwen35-bwd rows (qla, 32 configs) for the default and for rev 7 + the kernel.
+# Session 19, calls 3-5 (S19_REV7=1): a stage 2 revision against the default: the float64 checks of the whole
+# backward (plain and CP) with NEW set, the group sum against torch's, stage 2's phases (PHASE_REVS), every
+# kernel of the backward with NEW, then the harness's qwen35-bwd rows (qla, 32 configs) for the default and NEW.
+# Call 3/4: NEW="QLA_BWD_GRADS=rev7 QLA_BWD_GROUP_SUM=kernel" (then the defaults); call 5: NEW=QLA_BWD_GRADS=rev8.
 if [ -n "${S19_REV7:-}" ]; then
-  NEW="QLA_BWD_GRADS=rev7 QLA_BWD_GROUP_SUM=kernel"
-  STEP_ENV=$NEW step bwd-rev7-check 150 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang or group_sum_kernel"
-  STEP_ENV=$NEW step bwd-cp-rev7-check 120 tests/gpu/test_qla_bwd_cp.py -k matches_float64
-  timeout -s KILL 90 python -m qla_kernels.gdn.profile_bwd /tmp/bwd_stage2_phases_rev7.json rev6,rev7 \
-    > "$dest/bwd-phases-rev7.log" 2>&1
+  NEW=${NEW:-QLA_BWD_GRADS=rev8}
+  STEP_ENV=$NEW step bwd-new-check 150 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang or group_sum_kernel"
+  STEP_ENV=$NEW step bwd-cp-new-check 120 tests/gpu/test_qla_bwd_cp.py -k matches_float64
+  timeout -s KILL 90 python -m qla_kernels.gdn.profile_bwd /tmp/bwd_stage2_phases.json "${PHASE_REVS:-rev7,rev8}" \
+    > "$dest/bwd-phases.log" 2>&1
   echo "bwd-phases rc=$? t=$(( $(date +%s) - t0 )) s"
-  env $NEW timeout -s KILL 90 python -m qla_kernels.gdn.profile_bwd --kernels /tmp/bwd_kernels_rev7.json \
-    > "$dest/bwd-kernels-rev7.log" 2>&1
+  env $NEW timeout -s KILL 90 python -m qla_kernels.gdn.profile_bwd --kernels /tmp/bwd_kernels.json \
+    > "$dest/bwd-kernels.log" 2>&1
   echo "bwd-kernels rc=$? t=$(( $(date +%s) - t0 )) s"
-  for variant in default rev7; do
+  for variant in default new; do
     budget=$(left); (( budget < 40 )) && { echo "skip bwd-$variant: out of time"; continue; }
     lim=$(( budget < 170 ? budget : 170 ))
-    extra=""; [ "$variant" = rev7 ] && extra=$NEW
+    extra=""; [ "$variant" = new ] && extra=$NEW
     env $extra timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
       --timers events --out "/tmp/bwd-$variant" --no-report > "$dest/bwd-$variant.log" 2>&1
     echo "bwd-$variant rc=$? t=$(( $(date +%s) - t0 )) s"

@@ -99,7 +99,7 @@ def variants() -> list[tuple[str, str, tuple]]:
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True,
                              rev == "rev4")))  # fmt: skip
     out.append(("bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
-    for rev in ("rev4", "rev6", "rev7"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
+    for rev in ("rev4", "rev6", "rev7", "rev8"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, False, *flags, True)))  # fmt: skip
@@ -114,7 +114,7 @@ def variants() -> list[tuple[str, str, tuple]]:
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"fp16 bwd chunk grads {rev}", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags)))  # fmt: skip
-    for rev in ("rev4", "rev6", "rev7"):
+    for rev in ("rev4", "rev6", "rev7", "rev8"):
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"fp16 bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "float16", threads, False, False, *flags, True)))  # fmt: skip

@@ -58,28 +58,36 @@ DEFAULT_DSTATE_REV = "rev4"
 # per SM either way: twice the warps for its element-wise passes and reductions). On the H200 (session 6)
 # all pass; at 16/32 1x32768 rev2 6.41 ms, rev3 3.58, rev4 3.16, rev5 3.20: rev4 was the default until rev6.
 # $QLA_BWD_GRADS overrides the default.
-GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_beta_fp32, gamma_frag, ds_tma) of
-    # bwd_chunk_grads_program
-    "rev1": (256, False, False, False, False, False, False),
-    "rev2": (256, True, False, False, False, False, False),
-    "rev3": (256, True, True, False, False, False, False),
-    "rev4": (256, True, True, True, False, False, False),
-    "rev5": (512, True, True, True, False, False, False),
-    "rev6": (256, True, True, True, True, False, False),  # rev4 with beta applied to dW in fp32 (dv's rounding)
-    "rev7": (256, True, True, True, True, True, True),  # rev6 with Gamma in a fragment, dS' by TMA (session 19)
+GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_beta_fp32, gamma_frag, ds_tma, scan_dg)
+    # of bwd_chunk_grads_program
+    "rev1": (256, False, False, False, False, False, False, False),
+    "rev2": (256, True, False, False, False, False, False, False),
+    "rev3": (256, True, True, False, False, False, False, False),
+    "rev4": (256, True, True, True, False, False, False, False),
+    "rev5": (512, True, True, True, False, False, False, False),
+    "rev6": (256, True, True, True, True, False, False, False),  # rev4 with beta applied to dW in fp32 (dv's rounding)
+    "rev7": (256, True, True, True, True, True, True, False),  # rev6, Gamma in a fragment, dS' by TMA (session 19)
+    "rev8": (256, True, True, True, True, True, True, True),  # rev7 with the dg tail as two scans (session 19)
 }
 GRADS_REVS = tuple(GRADS_FLAGS)
 # How dq and dk per value head (fp32) become the GVA group's sums in q's dtype: "torch" (an fp32 add that
 # rounds on store for r = 2, else a sum then a cast: two passes) or "kernel" (bwd/group_sum.py: both tensors,
 # any r, one launch and one pass). $QLA_BWD_GROUP_SUM overrides the default.
+# On the H100 (session 19) the kernel took 461 us at 16/32 x 32768 against the torch path's 637 (two adds),
+# with dq and dk bit for bit equal at r = 2: the default.
 GROUP_SUM_IMPLS = ("torch", "kernel")
 GROUP_SUM_ENV = "QLA_BWD_GROUP_SUM"
-DEFAULT_GROUP_SUM = "torch"
+DEFAULT_GROUP_SUM = "kernel"
 GRADS_REV_ENV = "QLA_BWD_GRADS"
 # "rev6" (session 7) is rev4 with beta applied to dW in fp32 after the product: on the H200 dv's error
 # fell 10 % on every qwen35-bwd config (0.996-1.007x FLA's on the edge configs where rev4 was 1.11-1.16x)
-# at 1.7 % more backward time (geomean of 32 configs): the default, for the numerics target.
-DEFAULT_GRADS_REV = "rev6"
+# at 1.7 % more backward time (geomean of 32 configs): the default, for the numerics target, until rev7.
+# "rev7" (session 19) is rev6 with Gamma evaluated once per CTA into a register fragment and dS' brought in by
+# TMA (a merged shared-memory plan, dO copied once dS' is cast): on the H100 the CTA went from 49.4 K to 37.1 K
+# cycles (16/32 x 8192) and stage 2 from 3.51 to 2.86 ms at 16/32 x 32768; with the group-sum kernel the
+# whole backward 1.102x faster over qwen35-bwd's 32 configs (1.054-1.137x), every gradient's error equal to
+# rev6's: the default.
+DEFAULT_GRADS_REV = "rev7"
 
 
 # Stage 0 (chunk_states): "v2" the v2 fused forward storing each state by element stores at V-slice 32

@@ -122,6 +122,7 @@ class QlaBackend(Backend):
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         flags["qla_bwd_states"] = bwd_api.resolve_states_impl()
         flags["qla_bwd_grads"] = bwd_api.resolve_grads_rev()
+        flags["qla_bwd_group_sum"] = bwd_api.resolve_group_sum()
         flags["qla_bwd_cp"] = "on (bwd_cp_plan decides)" if bwd_api.resolve_bwd_cp() else "off"
         return flags
 

@@ -169,13 +169,25 @@ def test_bwd_grads_revision_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_grads_rev
 
     monkeypatch.delenv("QLA_BWD_GRADS", raising=False)
-    assert resolve_grads_rev() == "rev6"  # rev4's speed within 2 % and dv's rounding fixed (session 7)
+    assert resolve_grads_rev() == "rev7"  # rev6's errors, 1.10x its backward (session 19, H100)
     monkeypatch.setenv("QLA_BWD_GRADS", "rev3")
     assert resolve_grads_rev() == "rev3"
     monkeypatch.setenv("QLA_BWD_GRADS", "rev9")
-    accepted = r"\['rev1', 'rev2', 'rev3', 'rev4', 'rev5', 'rev6'\]"
+    accepted = r"\['rev1', 'rev2', 'rev3', 'rev4', 'rev5', 'rev6', 'rev7', 'rev8'\]"
     with pytest.raises(ValueError, match=r"QLA_BWD_GRADS must be one of " + accepted):
         resolve_grads_rev()
+
+
+def test_bwd_group_sum_from_the_environment(monkeypatch):
+    from qla_kernels.gdn.bwd_api import resolve_group_sum
+
+    monkeypatch.delenv("QLA_BWD_GROUP_SUM", raising=False)
+    assert resolve_group_sum() == "kernel"  # one launch, equal to torch's at r = 2 (session 19)
+    monkeypatch.setenv("QLA_BWD_GROUP_SUM", "torch")
+    assert resolve_group_sum() == "torch"
+    monkeypatch.setenv("QLA_BWD_GROUP_SUM", "atomics")
+    with pytest.raises(ValueError, match=r"QLA_BWD_GROUP_SUM must be one of \['kernel', 'torch'\]"):
+        resolve_group_sum()
 
 
 def test_bwd_states_impl_from_the_environment(monkeypatch):

@@ -242,7 +242,7 @@ def test_bwd_dstate_chain_rev4_compiles(block_v):
     assert rep.source.count("wgmma") > 0
 
 
-@pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6", "rev7"])
+@pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6", "rev7", "rev8"])
 def test_bwd_chunk_grads_compiles(rev):
     from qla_kernels.gdn.bwd.chunk_grads import MERGED_PASS_CONFIGS, PASS_CONFIGS, bwd_chunk_grads_program
     from qla_kernels.gdn.bwd_api import GRADS_FLAGS
@@ -259,6 +259,8 @@ def test_bwd_chunk_grads_compiles(rev):
     if flags[5]:  # rev 7: dS' by TMA too (seven copies), none of it loaded by the threads from global memory
         assert rep.source.count("tl::tma_load(") >= 7 and "tl::tma_load(ds_next_desc" in rep.source
         assert "float* __restrict__ ds_next" not in rep.source, "dS' read by the threads"
+    if flags[6]:  # rev 8: the dg tail's suffix sums as scans, not a serial 64-step loop per row
+        assert "CumSum" in rep.source or "cumsum" in rep.source
     if flags[4]:  # rev 7: Gamma's exp2 once per element of the CTA's fragment (rev 6's source has 9 exp2 sites)
         assert rep.source.count("exp2") <= 4, rep.source.count("exp2")
 

@@ -49,6 +49,7 @@ def bwd_chunk_grads_program(
     dw_beta_fp32: bool = False,
     gamma_frag: bool = False,
     ds_tma: bool = False,
+    scan_dg: bool = False,
     store_dv: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
@@ -82,12 +83,17 @@ def bwd_chunk_grads_program(
     register copy by every thread before the barrier wait; dO is copied once dS' is cast (its buffer may
     take dS''s space: 218 KiB of shared memory otherwise grows to 233) and waited for at its first use, dVn.
 
+    scan_dg=True (rev 8, GPU only, with ds_tma) ends with dg_i = sum_j row_c[j] + sum_{i <= j < n} dgc_j as two
+    shared-memory scans (T.cumsum, reversed) instead of a 64-step serial sum per row: that tail took 3.4 K of
+    rev 7's 37.1 K cycles.
+
     store_dv=True (with stage 1 rev 3, which no longer forms dW) also writes dv = dW = Ag^T dVn, in the
     input dtype, to one more argument after dg: dv [1,T,H_v,V].
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
     assert not ds_tma or tma_loads
+    assert not scan_dg or ds_tma
     assert not (store_dv and profile)
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
@@ -425,7 +431,15 @@ def bwd_chunk_grads_program(
             # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
             # each row sums dgamma = sum_j x_j + exp(gamma) <S, dS'> itself (x_j = 0 past the end)
             n_valid = T.min(end - t0, C)
-            if hoist_index:  # rev 3: the terms every row sums folded into C values first (64 steps, not 192)
+            if scan_dg:  # rev 8: the total of the shared terms and the suffix sums of dgc by two scans
+                for j in T.Parallel(C):
+                    row_c[j] = x_sh[j] + d_sh[C - 1] * (sds_rows[j] + sds_rows[j + C])
+                    col_a[j] = T.if_then_else(j < n_valid, dgc_sh[j], 0.0)  # dbeta's part was stored above
+                T.cumsum(src=row_c, dim=0, reverse=True)  # row_c[0]: the total every row adds
+                T.cumsum(src=col_a, dim=0, reverse=True)  # col_a[i] = sum_{i <= j < n} dgc_j
+                for i in T.Parallel(C):
+                    row_a[i] = row_c[0] + col_a[i]
+            elif hoist_index:  # rev 3: the terms every row sums folded into C values first (64 steps, not 192)
                 for j in T.Parallel(C):
                     row_c[j] = x_sh[j] + d_sh[C - 1] * (sds_rows[j] + sds_rows[j + C])
                 for i in T.Parallel(C):
