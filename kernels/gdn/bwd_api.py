@@ -86,8 +86,10 @@ GRADS_REV_ENV = "QLA_BWD_GRADS"
 # TMA (a merged shared-memory plan, dO copied once dS' is cast): on the H100 the CTA went from 49.4 K to 37.1 K
 # cycles (16/32 x 8192) and stage 2 from 3.51 to 2.86 ms at 16/32 x 32768; with the group-sum kernel the
 # whole backward 1.102x faster over qwen35-bwd's 32 configs (1.054-1.137x), every gradient's error equal to
-# rev6's: the default.
-DEFAULT_GRADS_REV = "rev7"
+# rev6's. "rev8" is rev7 with dg's tail as two shared-memory scans (the CTA 37.2 K -> 35.1 K cycles, stage 2
+# 2.86 -> 2.70 ms at 16/32 x 32768): 1.016x rev7 over the 32 configs, 1.004-1.03x on 30 of them, errors equal
+# (H100, session 19, call 5): the default.
+DEFAULT_GRADS_REV = "rev8"
 
 
 # Stage 0 (chunk_states): "v2" the v2 fused forward storing each state by element stores at V-slice 32

@@ -58,7 +58,7 @@ def test_modes_and_flags(monkeypatch):
     assert "TileLang" in flags["qla_bwd"]
     assert flags["qla_fused"] == "auto (ws12, V-slice by config); ws6 where a backward follows"
     assert flags["qla_kkt"] == "v4; v4t where it writes Agb (forward only)"
-    assert (flags["qla_bwd_grads"], flags["qla_bwd_group_sum"]) == ("rev7", "kernel")
+    assert (flags["qla_bwd_grads"], flags["qla_bwd_group_sum"]) == ("rev8", "kernel")
     monkeypatch.setenv("QLA_FUSED_IMPL", "ws10")  # no A0: bwd and train rows say their forward ran ws6
     assert QlaBackend().env_flags()["qla_fused"] == "ws10; ws6 where a backward follows"
     assert flags["qla_cp"] == "on (combine: kernel rev 2, 32 columns, 128 threads)"
