@@ -92,12 +92,12 @@ def variants() -> list[tuple[str, str, tuple]]:
             for rev2 in (False, True) if bv <= 64 else (False,):  # bwd_api runs rev1 at 128 (rev2 spills)
                 out.append((f"bwd dstate chain {'rev2' if rev2 else 'rev1'} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, rev2)))  # fmt: skip
-    for rev in ("rev3", "rev4"):  # stage 1 rev3/rev4 (bwd_api runs them at 32 and 64) and their parallel part
+    for rev in ("rev3", "rev4", "rev5"):  # stage 1 rev3-rev5 (bwd_api runs them at 32 and 64), their parallel part
         for bv in (64, 32):
             for use_dht in (True, False):
                 out.append((f"bwd dstate chain {rev} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True,
-                             rev == "rev4")))  # fmt: skip
+                             rev != "rev3", rev == "rev5")))  # fmt: skip
     out.append(("bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
     for rev in ("rev4", "rev6", "rev7", "rev8"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
         threads, *flags = GRADS_FLAGS[rev]
@@ -121,8 +121,8 @@ def variants() -> list[tuple[str, str, tuple]]:
     out.append(("fp16 bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "float16")))
     for dt in ("bfloat16", "float16"):  # bwd_api._group_sums with $QLA_BWD_GROUP_SUM=kernel
         out.append((f"bwd group sum {dt}", "gva_group_sum_kernel", (HEAD_DIM, dt)))
-    for rev in ("rev3", "rev4"):
-        args = (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, 32, 256, False, True, 2, True, rev == "rev4")
+    for rev in ("rev3", "rev4", "rev5"):
+        args = (HEAD_DIM, HEAD_DIM, SCALE, "float16", True, 32, 256, False, True, 2, True, rev != "rev3", rev == "rev5")
         out.append((f"fp16 bwd dstate chain {rev} bv32 dht=True", "bwd_dstate_kernel", args))
     for use_h0 in (True, False):  # bwd_api.chunk_states: the v2 forward storing every chunk's start state
         out.append((f"v2 state store bv32 h0={use_h0}", "fused_fwd_kernel",

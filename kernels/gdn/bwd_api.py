@@ -45,8 +45,10 @@ from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_bloc
 # emulation of the chain's roundings: 2.86e-3 -> 2.22e-3). On the H200 (session 10) it passes the backward
 # and CP checks, and on qwen35-bwd dh0's error is 0.96-1.00x FLA's on all 32 configs (rev3 1.24-1.26x on 16)
 # for ~2.5 % more backward time: the default since. $QLA_BWD_DSTATE overrides the default.
-DSTATE_REVS = ("rev1", "rev2", "rev3", "rev4")
-PRECOMPUTED_DSTATE_REVS = ("rev3", "rev4")  # the chain over bwd/dvl_wk.py's parts (dv from stage 2)
+# "rev5" (session 19, compiled and CPU-checked, not yet run on a GPU): rev4 with the two Q^T (scale D dO)
+# products issued without a wait beside K dS', off the step's dependent chain; the models price it as rev4.
+DSTATE_REVS = ("rev1", "rev2", "rev3", "rev4", "rev5")
+PRECOMPUTED_DSTATE_REVS = ("rev3", "rev4", "rev5")  # the chain over bwd/dvl_wk.py's parts (dv from stage 2)
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
 DEFAULT_DSTATE_REV = "rev4"
 
@@ -116,9 +118,17 @@ def choose_block_v_dstate(plan: ChunkPlan, h_v: int, num_sms: int) -> int:
 
 
 def _step_rev() -> str:
-    """The stage 1 revision whose measured chain step the width and CP models use (rev3's for rev1/rev2)."""
+    """The stage 1 revision whose measured chain step the width and CP models use (rev3's for rev1/rev2,
+    rev4's for rev5 until it is timed)."""
     rev = resolve_dstate_rev()
+    if rev == "rev5":
+        return "rev4"
     return rev if rev in PRECOMPUTED_DSTATE_REVS else "rev3"
+
+
+def _chain_flags(rev: str) -> tuple[bool, bool]:
+    """(dod_split, async_dod) of bwd_dstate_program for a precomputed-chain revision."""
+    return rev in ("rev4", "rev5"), rev == "rev5"
 
 
 def resolve_states_impl() -> str:
@@ -208,7 +218,8 @@ def _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan: ChunkPlan, scale: float, 
         rev = "rev1"
     if rev in PRECOMPUTED_DSTATE_REVS:
         dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
-        chain = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_dht, bv, 256, False, True, 2, True, rev == "rev4")
+        chain = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_dht, bv, 256, False, True, 2, True,
+                                  *_chain_flags(rev))
         chain(qf, kf, gf, dof, dvl, wk, dht_, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
         return DStateOutput(ds_next=ds_next, dv=None, dh0=dh0)
     dv = torch.empty(*dof.shape, dtype=torch.float32, device=qf.device)
@@ -271,7 +282,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     from .cp_bwd import dstate_cp, states_cp
 
     h_v, nsm, dt = vf.shape[2], _num_sms(qf.device), _TL_DTYPE[qf.dtype]
-    split = resolve_dstate_rev() == "rev4"
+    flags = _chain_flags(resolve_dstate_rev())
     combine_fn = _combine_kernel if resolve_cp_combine() == "kernel" else None
     states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
 
@@ -287,7 +298,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     def chain(ends: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
         use_ends = ends is not None
-        kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_ends, bv, 256, False, True, 2, True, split)
+        kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_ends, bv, 256, False, True, 2, True, *flags)
         ends_ = ends if use_ends else _dummy_state(h_v, qf.device)
         kernel(qf, kf, gf, dof, dvl, wk, ends_, cpp.cu_seqlens, cpp.chunk_offsets, ds_next, starts)
         return ds_next, starts

@@ -103,18 +103,18 @@ def rev3_kernels():
         (bv, dht, split): tilelang.compile(
             bwd_dstate_program(
                 D, D, SCALE, "float32", dht, block_v=bv, cpu_debug=True, pipelined=True, precomputed=True,
-                dod_split=split,
+                dod_split=split != "rev3", async_dod=split == "rev5",
             ),
             target="c",
             pass_configs=cfg,
         )
         for bv, dht in {(c[3], c[4]) for c in CASES}
-        for split in (False, True)
+        for split in ("rev3", "rev4", "rev5")
     }
     return pre, chains
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["rev3", "rev4"])
+@pytest.mark.parametrize("split", ["rev3", "rev4", "rev5"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}-bv{c[3]}-dht{int(c[4])}")
 def test_rev3_chain_over_precomputed_parts_matches_float64(rev3_kernels, case, split):
     from qla_kernels.gdn.plan import build_plan_from_list

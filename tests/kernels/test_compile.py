@@ -242,6 +242,20 @@ def test_bwd_dstate_chain_rev4_compiles(block_v):
     assert rep.source.count("wgmma") > 0
 
 
+@pytest.mark.parametrize("block_v", [32, 64])
+def test_bwd_dstate_chain_rev5_compiles(block_v):
+    """Stage 1 rev5: rev4 with K dS' and the two Q^T products in flight together, one wait for K dS' before dVn,
+    one at the step's end; no spills."""
+    from qla_kernels.gdn.bwd.dstate_chain import PASS_CONFIGS, bwd_dstate_program
+
+    prog = bwd_dstate_program(128, 128, 128**-0.5, "bfloat16", True, block_v, 256, False, True, 2, True, True, True)
+    rep = build_sm90a(prog, PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert "wait_wgmma<2>" in rep.source  # K dS' waited for alone, the Q^T products still in flight
+
+
 @pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6", "rev7", "rev8"])
 def test_bwd_chunk_grads_compiles(rev):
     from qla_kernels.gdn.bwd.chunk_grads import MERGED_PASS_CONFIGS, PASS_CONFIGS, bwd_chunk_grads_program

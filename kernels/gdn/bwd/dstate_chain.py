@@ -39,6 +39,7 @@ def bwd_dstate_program(
     num_stages: int = 2,
     precomputed: bool = False,
     dod_split: bool = False,
+    async_dod: bool = False,
 ):
     """TileLang program: (q, k, g_cumsum, beta, A0, dO, dht, cu_seqlens, chunk_offsets) ->
     (dv [1,T,H_v,V] fp32, ds_next [num_chunks,H_v,K,V] fp32, dh0 [N,H_v,K,V] fp32). Varlen (B = 1).
@@ -66,12 +67,20 @@ def bwd_dstate_program(
     tf32 operands). A float64 emulation of the chain with its roundings (NOTES.md, session 9): dh0 error
     2.86e-3 with rev 3's rounding, 2.22e-3 with the split, 2.23e-3 with x unrounded. Compiled for sm_90a
     (no spills) and CPU-checked; NOT yet run on a GPU.
+
+    async_dod=True (rev 5, with dod_split) takes the two Q^T (scale D dO) products off the step's dependent
+    chain (dS' -> K dS' -> dVn -> Wk^T dVn): dS' is scaled by exp(gamma) first, then K dS' and the two
+    Q^T products are issued without waiting (T.wgmma_gemm), only K dS' is waited for before dVn is formed,
+    and the products run while dVn's element-wise pass does. Same sums as rev 4 in another order (the
+    CPU build runs them in that order, synchronously). Session 19: compiled and CPU-checked, not yet run
+    on a GPU.
     """
     assert not precomputed or pipelined
     assert not dod_split or precomputed
+    assert not async_dod or dod_split
     if precomputed:
         return _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages,
-                                           dod_split)
+                                           dod_split, async_dod)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -238,7 +247,8 @@ def bwd_dstate_program(
     return bwd_dstate
 
 
-def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages, dod_split):
+def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages, dod_split,
+                                async_dod=False):
     """Stage 1 rev 3, and rev 4 with dod_split (see bwd_dstate_program): the chain over precomputed dvl and Wk."""
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -319,27 +329,54 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
                 for i, j in T.Parallel(dk, block_v):
                     ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
                     ds_sh[i, j] = T.cast(ds[i, j], dtype)
-                # dVn = dvl + D_r (K dS'), rows past the end zero (dvl there is another sequence's)
-                mm(k_sh, ds_sh, kds)
-                for i, j in T.Parallel(C, block_v):
-                    ndvn_sh[i, j] = T.cast(
-                        T.if_then_else(t0 + i < end, -dvl_sh[i, j] - dr_sh[i] * kds[i, j], 0.0), dtype
-                    )
-                    dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
-                    if dod_split:  # in the same pass: do_sh's pipeline stage is released after its last read
+                if async_dod:  # rev 5: Q^T (scale D dO) issued with K dS', waited for at the step's end
+                    for i, j in T.Parallel(C, block_v):
+                        dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
                         dodl_sh[i, j] = T.cast(
                             scale * d_sh[i] * T.cast(do_sh[i, j], acc)
                             - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
                             dtype,
                         )
-                # dS = exp(gamma) dS' - Wk^T dVn + Q^T (scale D dO); q_sh read last (its stage is released
-                # after that read)
-                for i, j in T.Parallel(dk, block_v):
-                    ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
-                mm(wk_sh, ndvn_sh, ds, transpose_a=True, clear=False)
-                mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
-                if dod_split:
-                    mm(q_sh, dodl_sh, ds, transpose_a=True, clear=False)
+                    for i, j in T.Parallel(dk, block_v):
+                        ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
+                    if cpu_debug:
+                        mm(k_sh, ds_sh, kds)
+                        mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                        mm(q_sh, dodl_sh, ds, transpose_a=True, clear=False)
+                    else:
+                        T.wgmma_gemm(k_sh, ds_sh, kds, clear_accum=True)
+                        T.wgmma_gemm(q_sh, dod_sh, ds, transpose_A=True)
+                        T.wgmma_gemm(q_sh, dodl_sh, ds, transpose_A=True)
+                        T.wait_wgmma(2)  # K dS' is done; the two Q^T products may still run
+                    for i, j in T.Parallel(C, block_v):
+                        ndvn_sh[i, j] = T.cast(
+                            T.if_then_else(t0 + i < end, -dvl_sh[i, j] - dr_sh[i] * kds[i, j], 0.0), dtype
+                        )
+                    mm(wk_sh, ndvn_sh, ds, transpose_a=True, clear=False)
+                    if not cpu_debug:
+                        T.wait_wgmma(0)
+                else:  # revs 3 and 4
+                    # dVn = dvl + D_r (K dS'), rows past the end zero (dvl there is another sequence's)
+                    mm(k_sh, ds_sh, kds)
+                    for i, j in T.Parallel(C, block_v):
+                        ndvn_sh[i, j] = T.cast(
+                            T.if_then_else(t0 + i < end, -dvl_sh[i, j] - dr_sh[i] * kds[i, j], 0.0), dtype
+                        )
+                        dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+                        if dod_split:  # in the same pass: do_sh's pipeline stage is released after its last read
+                            dodl_sh[i, j] = T.cast(
+                                scale * d_sh[i] * T.cast(do_sh[i, j], acc)
+                                - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
+                                dtype,
+                            )
+                    # dS = exp(gamma) dS' - Wk^T dVn + Q^T (scale D dO); q_sh read last (its stage is released
+                    # after that read)
+                    for i, j in T.Parallel(dk, block_v):
+                        ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
+                    mm(wk_sh, ndvn_sh, ds, transpose_a=True, clear=False)
+                    mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
+                    if dod_split:
+                        mm(q_sh, dodl_sh, ds, transpose_a=True, clear=False)
 
             for i, j in T.Parallel(dk, block_v):
                 dh0[seq, bh, i, v0 + j] = ds[i, j]
