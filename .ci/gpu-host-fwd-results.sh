@@ -21,23 +21,9 @@ work=$(mktemp -d /tmp/fwd-XXXX)  # fresh per call: the CLI resumes from rows alr
 total=${1:-560}
 dest=${OUT:-./fwd-results}
 mkdir -p "$dest"
-t0=$(date +%s)
-left() { echo $(( total - ($(date +%s) - t0) )); }
-
-step() {  # step NAME LIMIT ROWS-FILE CLI-ARGS...: run the CLI, then copy its rows back even when it was killed
-  local name=$1 limit=$2 rows=$3; shift 3
-  local budget; budget=$(left)
-  (( budget < limit )) && limit=$budget
-  if (( limit < 30 )); then echo "skip $name: out of time"; return; fi
-  timeout -s KILL "$limit" python cli.py "$@" > "$dest/fwd-$name.log" 2>&1
-  echo "$name rc=$? t=$(( $(date +%s) - t0 )) s" | tee -a "$dest/fwd-$name.log"
-  [ -f "$rows" ] && cp "$rows" "$dest/fwd-$name.jsonl"
-}
-
-# rows record the commit: gpu-host-setup.sh exports QLA_GIT_SHA from .gpuhost/sha
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$dest/fwd-gpu.txt" 2>&1
-echo "commit ${QLA_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null)}; QLA_* $(env | grep '^QLA_' | tr '\n' ' ')" \
-  >> "$dest/fwd-gpu.txt"
+prefix=fwd
+# shellcheck source=.ci/gpu-host-results-lib.sh
+source "$(dirname "$0")/gpu-host-results-lib.sh"
 for s in $steps; do
   case $s in
     events) step events "$events_limit" $work/events/qwen35-fwd-fwd.jsonl \

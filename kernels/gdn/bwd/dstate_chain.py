@@ -261,6 +261,14 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
     acc = "float32"
     mm, alloc_sh, alloc_acc = build_helpers(cpu_debug)
 
+    def scaled_do(d_sh, do_sh, i, j):
+        """x = scale D dO, in fp32."""
+        return scale * d_sh[i] * T.cast(do_sh[i, j], acc)
+
+    def low_part(x):
+        """What rounding x to the input dtype leaves, rounded to it (rev 4's second operand)."""
+        return T.cast(x - T.cast(T.cast(x, dtype), acc), dtype)
+
     @T.prim_func
     def bwd_dstate_pre(
         q: T.Tensor((1, nt, h_qk, dk), dtype),
@@ -331,12 +339,8 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
                     ds_sh[i, j] = T.cast(ds[i, j], dtype)
                 if async_dod:  # rev 5: Q^T (scale D dO) issued with K dS', waited for at the step's end
                     for i, j in T.Parallel(C, block_v):
-                        dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
-                        dodl_sh[i, j] = T.cast(
-                            scale * d_sh[i] * T.cast(do_sh[i, j], acc)
-                            - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
-                            dtype,
-                        )
+                        dod_sh[i, j] = T.cast(scaled_do(d_sh, do_sh, i, j), dtype)
+                        dodl_sh[i, j] = low_part(scaled_do(d_sh, do_sh, i, j))
                     for i, j in T.Parallel(dk, block_v):
                         ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
                     if cpu_debug:
@@ -362,13 +366,9 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
                         ndvn_sh[i, j] = T.cast(
                             T.if_then_else(t0 + i < end, -dvl_sh[i, j] - dr_sh[i] * kds[i, j], 0.0), dtype
                         )
-                        dod_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+                        dod_sh[i, j] = T.cast(scaled_do(d_sh, do_sh, i, j), dtype)
                         if dod_split:  # in the same pass: do_sh's pipeline stage is released after its last read
-                            dodl_sh[i, j] = T.cast(
-                                scale * d_sh[i] * T.cast(do_sh[i, j], acc)
-                                - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
-                                dtype,
-                            )
+                            dodl_sh[i, j] = low_part(scaled_do(d_sh, do_sh, i, j))
                     # dS = exp(gamma) dS' - Wk^T dVn + Q^T (scale D dO); q_sh read last (its stage is released
                     # after that read)
                     for i, j in T.Parallel(dk, block_v):
