@@ -32,6 +32,8 @@ def test_gradients_come_back_in_the_input_layout(monkeypatch, b, t, h_qk, h_v, c
         return check_fwd_args(q, k, v, g_cumsum, beta, None, cu_seqlens)
 
     monkeypatch.setattr(bwd_api, "_check_stage_inputs", checks_without_device)
+    # the group sum's kernel (the default) runs on CUDA only (tests/gpu/test_qla_bwd.py compares it with this path)
+    monkeypatch.setenv(bwd_api.GROUP_SUM_ENV, "torch")
     monkeypatch.setattr(bwd_api, "chunk_states", lambda *a: None)
     stage1_dv = packed_dv if dv_from == "stage1" else None
     monkeypatch.setattr(
