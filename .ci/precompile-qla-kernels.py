@@ -26,7 +26,7 @@ SCALE = HEAD_DIM**-0.5
 def variants() -> list[tuple[str, str, tuple]]:
     """(label, factory, args) for what the forward and backward APIs and the GPU tests launch in bf16."""
     from qla_kernels.gdn.api import KKT_IMPLS, agb_kkt_args
-    from qla_kernels.gdn.bwd_api import GRADS_FLAGS
+    from qla_kernels.gdn.bwd_api import CLUSTER_SUM_REVS, GRADS_FLAGS
 
     out: list[tuple[str, str, tuple]] = []
     for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
@@ -103,7 +103,14 @@ def variants() -> list[tuple[str, str, tuple]]:
         threads, *flags = GRADS_FLAGS[rev]
         out.append((f"bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, False, *flags, True)))  # fmt: skip
+    for dt, ratio in (("bfloat16", 2), ("bfloat16", 1), ("float16", 2)):  # rev9: the group's sums from stage 2
+        threads, *flags = GRADS_FLAGS["rev9"]
+        label = f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev9 store dv r{ratio}"
+        args = (HEAD_DIM, HEAD_DIM, SCALE, dt, threads, False, False, *flags, True, True, ratio)
+        out.append((label, "bwd_chunk_grads_kernel", args))
     for rev, (threads, *flags) in GRADS_FLAGS.items():
+        if rev in CLUSTER_SUM_REVS:  # per value head it is the revision before it (rev8), built above
+            continue
         for prof in (False, True):
             out.append((f"bwd chunk grads {rev}{' profile' if prof else ''}", "bwd_chunk_grads_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, prof, *flags)))  # fmt: skip

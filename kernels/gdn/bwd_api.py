@@ -70,7 +70,13 @@ GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_be
     "rev6": (256, True, True, True, True, False, False, False),  # rev4 with beta applied to dW in fp32 (dv's rounding)
     "rev7": (256, True, True, True, True, True, True, False),  # rev6, Gamma in a fragment, dS' by TMA (session 19)
     "rev8": (256, True, True, True, True, True, True, True),  # rev7 with the dg tail as two scans (session 19)
+    "rev9": (256, True, True, True, True, True, True, True),  # rev8 storing the GVA group's dq, dk (CLUSTER_SUM_REVS)
 }
+# Revisions whose stage 2 writes dq and dk already summed over the GVA group, in q's dtype, at these ratios
+# h_v / h_qk (bwd_chunk_grads_program's cluster_sum: a 2-CTA cluster adds the pair's tiles through DSMEM);
+# other ratios run the revision's flags per value head and the group sum after.
+CLUSTER_SUM_REVS = ("rev9",)
+CLUSTER_SUM_RATIOS = (1, 2)
 GRADS_REVS = tuple(GRADS_FLAGS)
 # How dq and dk per value head (fp32) become the GVA group's sums in q's dtype: "torch" (an fp32 add that
 # rounds on store for r = 2, else a sum then a cast: two passes) or "kernel" (bwd/group_sum.py: both tensors,
@@ -341,23 +347,38 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float) -> t
     return states
 
 
-def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPlan, scale: float, dv=None):
+def grads_sum_groups(rev: str, ratio: int) -> bool:
+    """Whether stage 2 of revision rev writes dq and dk summed over GVA groups of h_v / h_qk = ratio."""
+    return rev in CLUSTER_SUM_REVS and ratio in CLUSTER_SUM_RATIOS
+
+
+def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPlan, scale: float, dv=None,
+                    sum_groups: bool = False):  # fmt: skip
     """Stage 2 on packed inputs: (dq, dk per value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32). With dv
-    ([1,T,H_v,V] in the input dtype) it also writes dv there (stage 1 rev3 does not form it)."""
+    ([1,T,H_v,V] in the input dtype) it also writes dv there (stage 1 rev3 does not form it). sum_groups
+    (only where grads_sum_groups holds for the revision and ratio) returns dq and dk as the GVA group's sums
+    [1,T,H_qk,K] in the input dtype instead."""
     from .bwd.chunk_grads import bwd_chunk_grads_kernel
 
-    nt, h_v = vf.shape[1], vf.shape[2]
-    dq = torch.empty(1, nt, h_v, HEAD_DIM, dtype=torch.float32, device=qf.device)
+    nt, h_qk, h_v = vf.shape[1], qf.shape[2], vf.shape[2]
+    rev = resolve_grads_rev()
+    if sum_groups and not grads_sum_groups(rev, h_v // h_qk):
+        raise ValueError(f"sum_groups: stage 2 {rev} does not sum GVA groups of {h_v // h_qk} value heads")
+    if sum_groups:
+        dq = torch.empty(1, nt, h_qk, HEAD_DIM, dtype=qf.dtype, device=qf.device)
+    else:
+        dq = torch.empty(1, nt, h_v, HEAD_DIM, dtype=torch.float32, device=qf.device)
     dk = torch.empty_like(dq)
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
-    threads, *flags = GRADS_FLAGS[resolve_grads_rev()]
+    threads, *flags = GRADS_FLAGS[rev]
     dt = _TL_DTYPE[qf.dtype]
+    group = {"cluster_sum": True, "gva_ratio": h_v // h_qk} if sum_groups else {}
     args = (qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
     if dv is not None:
-        bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags, True)(*args, dv)
+        bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags, True, **group)(*args, dv)
     else:
-        bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags)(*args)
+        bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags, **group)(*args)
     return dq, dk, dbeta, dg
 
 
@@ -426,9 +447,12 @@ def chunk_gated_delta_rule_bwd(
     else:
         states, stage1 = _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, cpp, scale)
     dv = torch.empty_like(vf) if stage1.dv is None else None  # then stage 2 writes it, in v's dtype
-    dq_v, dk_v, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale, dv)
-
-    dq, dk = _group_sums(dq_v, dk_v, b, t, h_qk, q.dtype)
+    summed = grads_sum_groups(resolve_grads_rev(), h_v // h_qk)  # rev 9: stage 2 writes the group's sums
+    dq, dk, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale, dv, summed)
+    if summed:
+        dq, dk = dq.view(b, t, h_qk, HEAD_DIM), dk.view(b, t, h_qk, HEAD_DIM)
+    else:
+        dq, dk = _group_sums(dq, dk, b, t, h_qk, q.dtype)
     return BwdOutput(
         dq=dq,
         dk=dk,

@@ -248,3 +248,52 @@ def test_group_sum_kernel_matches_torch(group, monkeypatch):
             assert torch.equal(a, b)
         else:
             assert rel_l2(a, b.float()) < 4e-3
+
+
+REV9_CASES = {  # (h_qk, h_v, sequence lengths): GVA ratios 1 and 2, ragged, a sequence of one token
+    "gva2_ragged_1000+3096+1": (2, 4, [1000, 3096, 1]),
+    "gva1_ragged_65+640": (3, 3, [65, 640]),
+    "gva2_16x32_2x512": (16, 32, [512, 512]),
+}
+
+
+@pytest.mark.parametrize("name", list(REV9_CASES))
+def test_stage2_rev9_sums_equal_rev8(name, monkeypatch):
+    """Stage 2 rev 9 (dq, dk summed over the GVA group inside a 2-CTA cluster, bwd/chunk_grads.py's
+    cluster_sum) against rev 8 followed by the group-sum kernel on the same inputs: both add the same two fp32
+    tiles once and round once, so dq, dk must agree bit for bit; dv, dbeta and dg come from the same code."""
+    import itertools
+
+    from gpu.test_qla_fwd import make_inputs
+
+    from qla_kernels.gdn import bwd_api
+    from qla_kernels.gdn.api import _plan, chunk_gated_delta_rule_fwd, pack_tokens
+
+    h_qk, h_v, lens = REV9_CASES[name]
+    t = sum(lens)
+    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=5, n=len(lens))
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    do = torch.randn_like(v)
+    scale = 128**-0.5
+    plan = _plan(q, cu)
+    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
+    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
+    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
+    ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    out = {}
+    for rev, summed in (("rev8", False), ("rev9", True)):
+        monkeypatch.setenv(bwd_api.GRADS_REV_ENV, rev)
+        monkeypatch.setenv(bwd_api.GROUP_SUM_ENV, "kernel")
+        dv = torch.full_like(vf, float("nan"))
+        dq, dk, dbeta, dg = bwd_api.chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan, scale, dv,
+                                                    summed)  # fmt: skip
+        if not summed:
+            dq, dk = bwd_api._group_sums(dq, dk, 1, t, h_qk, q.dtype)
+        out[rev] = {"dq": dq.view(1, t, h_qk, 128), "dk": dk.view(1, t, h_qk, 128), "dv": dv, "dbeta": dbeta,
+                    "dg": dg}  # fmt: skip
+    diffs = {n: (out["rev9"][n].float() - out["rev8"][n].float()).abs().max().item() for n in out["rev8"]}
+    print(f"\n[stage2 rev9 vs rev8] {name}: max |diff| " + " ".join(f"{n}={d:.1e}" for n, d in diffs.items()))
+    for n in out["rev8"]:
+        assert not out["rev9"][n].isnan().any(), n
+        assert torch.equal(out["rev9"][n], out["rev8"][n]), (n, diffs[n])

@@ -279,6 +279,27 @@ def test_bwd_chunk_grads_compiles(rev):
         assert rep.source.count("exp2") <= 4, rep.source.count("exp2")
 
 
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_bwd_chunk_grads_rev9_compiles(ratio):
+    # rev 9 (bwd_api's default path at h_v / h_qk = 1, 2): dq and dk leave stage 2 as the GVA group's sums in
+    # bf16; at r = 2 the pair of value-head CTAs is a 2-CTA cluster exchanging one fp32 tile each way by DSMEM
+    from qla_kernels.gdn.bwd.chunk_grads import MERGED_PASS_CONFIGS, bwd_chunk_grads_program
+    from qla_kernels.gdn.bwd_api import GRADS_FLAGS
+
+    threads, *flags = GRADS_FLAGS["rev9"]
+    prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, False, *flags, True, True, ratio)
+    rep = build_sm90a(prog, MERGED_PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert "bfloat16_t* __restrict__ dq_v" in rep.source and "float* __restrict__ dq_v" not in rep.source
+    if ratio == 2:  # one bulk SM-to-SM copy each way (dq to rank 0, dk to rank 1), the split barrier at the end
+        assert rep.source.count("tl::tma_store_cluster(") == 2, rep.source.count("tl::tma_store_cluster(")
+        assert "tl::cluster_arrive()" in rep.source and "tl::cluster_wait()" in rep.source
+    else:
+        assert "cluster" not in rep.source.split("extern \"C\"")[-1]
+
+
 @pytest.mark.parametrize(("use_h0", "block_v"), [(True, 128), (False, 32)])
 def test_fused_fwd_ws5_state_store_compiles(use_h0, block_v):
     # bwd_api.chunk_states with $QLA_BWD_STATES=ws5: WG0 TMA-stores the bf16 state of every chunk

@@ -51,6 +51,8 @@ def bwd_chunk_grads_program(
     ds_tma: bool = False,
     scan_dg: bool = False,
     store_dv: bool = False,
+    cluster_sum: bool = False,
+    gva_ratio: int = 2,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -89,12 +91,21 @@ def bwd_chunk_grads_program(
 
     store_dv=True (with stage 1 rev 3, which no longer forms dW) also writes dv = dW = Ag^T dVn, in the
     input dtype, to one more argument after dg: dv [1,T,H_v,V].
+
+    cluster_sum=True (rev 9, GPU only, with scan_dg) writes dq and dk already summed over the GVA group, in the
+    input dtype ([1,T,H_qk,K]), for gva_ratio = h_v / h_qk of 1 (a plain cast) or 2: the group's two value
+    heads are adjacent CTAs, launched as a 2-CTA cluster; each gradient's fp32 tile goes from one CTA's shared
+    memory into its partner's (one bulk copy, DSMEM), which adds it to its own and stores the rounded sum:
+    rank 0 owns dq, rank 1 dk. That drops the fp32 per-value-head tensors (4 bytes a value twice, written
+    and read again) and the group-sum kernel (bwd/group_sum.py).
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
     assert not ds_tma or tma_loads
     assert not scan_dg or ds_tma
     assert not (store_dv and profile)
+    assert not cluster_sum or (scan_dg and gva_ratio in (1, 2))
+    pair = cluster_sum and gva_ratio == 2  # two CTAs exchange tiles
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -136,9 +147,46 @@ def bwd_chunk_grads_program(
                 prof[bid, point] = T.call_extern("int64", "clock64")
 
     @T.macro
+    def group_store(tile, out, pair_sh, pair_bar, owner, rank, t0, end, bhg):
+        """rev 9: out[t0 + i, bhg] = the GVA group's sum of tile (fp32 [C, K] in registers), rounded once.
+        With a pair, the CTA of rank != owner sends its tile into the owner's pair_sh by a bulk copy that
+        completes on the owner's pair_bar; the owner adds and stores. dq (owner 0) comes first: the cluster
+        barrier before it ends, in both CTAs, every buffer pair_sh may share (the merged shared-memory plan
+        places buffers by lifetime, and pair_sh's starts here). dk (owner 1) reuses pair_sh both ways: rank 1's
+        outgoing dq copy has completed (rank 0 waited for it) before rank 0 computes and sends dk; rank 0 then
+        waits, at a split cluster barrier, until rank 1 has its dk tile, so the copy's source stays intact
+        (and the CTA alive) while it is read."""
+        if not pair:
+            for i, j in T.Parallel(C, dk):
+                if t0 + i < end:
+                    out[0, t0 + i, bhg, j] = T.cast(tile[i, j], dtype)
+        else:
+            if owner == 0:
+                T.cluster_sync()
+            if rank != owner:
+                T.sync_threads()
+                for i, j in T.Parallel(C, dk):
+                    pair_sh[i, j] = tile[i, j]
+                T.fence_proxy_async()
+                T.sync_threads()
+                T.copy_cluster(pair_sh, pair_sh, dst_block=owner, remote_barrier=pair_bar[0])
+                if owner == 1:
+                    T.cluster_arrive()
+            else:
+                T.barrier_wait(pair_bar[0], 0)
+                if owner == 1:
+                    T.cluster_arrive()
+                for i, j in T.Parallel(C, dk):
+                    if t0 + i < end:
+                        out[0, t0 + i, bhg, j] = T.cast(tile[i, j] + pair_sh[i, j], dtype)
+                T.sync_threads()
+            if owner == 1:
+                T.cluster_wait()
+
+    @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof, dv_out):  # fmt: skip
-        with T.Kernel(nc * h_v, threads=threads) as (bid,):
+        with T.Kernel(nc * h_v, threads=threads, cluster_dims=2 if pair else None) as (bid,):
             if hoist_index:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
                 # every address instead, they cost 64-bit divisions per load
                 bh = T.alloc_var("int32", init=bid % h_v)
@@ -187,6 +235,10 @@ def bwd_chunk_grads_program(
             sds_rows = alloc_sh((dk,), acc)
             x_sh = alloc_sh((C,), acc)  # x_i = D_r,i <K dS', Vn>_i
             ds32_sh = alloc_sh((dk, dv), acc) if ds_tma else None  # dS' as loaded, until its bf16 cast
+            # rev 9: the partner's fp32 dq (rank 0) or dk (rank 1) lands here; it first carries this CTA's own
+            # tile out (rank 1's dq, rank 0's dk): one buffer for both, see group_store
+            pair_sh = alloc_sh((C, dk), acc) if pair else None
+            pair_bar = T.alloc_cluster_barrier([1]) if pair else None
 
             cv = alloc_acc((C, dv))  # reused [C, V] accumulator
             ck = alloc_acc((C, dk))  # dq, then dk
@@ -411,9 +463,12 @@ def bwd_chunk_grads_program(
             for i, j in T.Parallel(C, dk):
                 ck[i, j] = scale * d_sh[i] * ck[i, j]
             mm(dqk_sh, k_sh, ck, clear=False)
-            for i, j in T.Parallel(C, dk):
-                if t0 + i < end:
-                    dq_v[0, t0 + i, bh, j] = ck[i, j]
+            if cluster_sum:
+                group_store(ck, dq_v, pair_sh, pair_bar, 0, bh % 2, t0, end, bhg)
+            else:
+                for i, j in T.Parallel(C, dk):
+                    if t0 + i < end:
+                        dq_v[0, t0 + i, bh, j] = ck[i, j]
             stamp(prof, bid, 8)
             # dk = dQK^T Q - (D dW) S^T + D_r (Vn dS'^T) + dKKt K + dKKt^T K
             mm(dqk_sh, q_sh, ck, transpose_a=True)
@@ -423,9 +478,12 @@ def bwd_chunk_grads_program(
             for i, j in T.Parallel(C, dv):
                 dwd_sh[i, j] = -dwd_sh[i, j]
             mm(dwd_sh, s_sh, ck, transpose_b=True, clear=False)
-            for i, j in T.Parallel(C, dk):
-                if t0 + i < end:
-                    dk_v[0, t0 + i, bh, j] = ck[i, j]
+            if cluster_sum:
+                group_store(ck, dk_v, pair_sh, pair_bar, 1, bh % 2, t0, end, bhg)
+            else:
+                for i, j in T.Parallel(C, dk):
+                    if t0 + i < end:
+                        dk_v[0, t0 + i, bh, j] = ck[i, j]
 
             stamp(prof, bid, 9)
             # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
@@ -458,6 +516,9 @@ def bwd_chunk_grads_program(
                     dg[0, t0 + i, bh] = row_a[i]
             stamp(prof, bid, 10)
 
+    gh = h_qk if cluster_sum else h_v  # dq, dk: the group's sum in the input dtype, or per value head in fp32
+    gdt = dtype if cluster_sum else acc
+
     if profile:
 
         @T.prim_func
@@ -473,8 +534,8 @@ def bwd_chunk_grads_program(
             ds_next: T.Tensor((nc, h_v, dk, dv), acc),
             cu_seqlens: T.Tensor((ns,), "int32"),
             chunk_indices: T.Tensor((nc, 2), "int32"),
-            dq_v: T.Tensor((1, nt, h_v, dk), acc),
-            dk_v: T.Tensor((1, nt, h_v, dk), acc),
+            dq_v: T.Tensor((1, nt, gh, dk), gdt),
+            dk_v: T.Tensor((1, nt, gh, dk), gdt),
             dbeta: T.Tensor((1, nt, h_v), acc),
             dg: T.Tensor((1, nt, h_v), acc),
             prof: T.Tensor((nc * h_v, len(PROFILE_STAMPS)), "int64"),
@@ -499,8 +560,8 @@ def bwd_chunk_grads_program(
             ds_next: T.Tensor((nc, h_v, dk, dv), acc),
             cu_seqlens: T.Tensor((ns,), "int32"),
             chunk_indices: T.Tensor((nc, 2), "int32"),
-            dq_v: T.Tensor((1, nt, h_v, dk), acc),
-            dk_v: T.Tensor((1, nt, h_v, dk), acc),
+            dq_v: T.Tensor((1, nt, gh, dk), gdt),
+            dk_v: T.Tensor((1, nt, gh, dk), gdt),
             dbeta: T.Tensor((1, nt, h_v), acc),
             dg: T.Tensor((1, nt, h_v), acc),
             dv_out: T.Tensor((1, nt, h_v, dv), dtype),
@@ -523,8 +584,8 @@ def bwd_chunk_grads_program(
         ds_next: T.Tensor((nc, h_v, dk, dv), acc),
         cu_seqlens: T.Tensor((ns,), "int32"),
         chunk_indices: T.Tensor((nc, 2), "int32"),
-        dq_v: T.Tensor((1, nt, h_v, dk), acc),
-        dk_v: T.Tensor((1, nt, h_v, dk), acc),
+        dq_v: T.Tensor((1, nt, gh, dk), gdt),
+        dk_v: T.Tensor((1, nt, gh, dk), gdt),
         dbeta: T.Tensor((1, nt, h_v), acc),
         dg: T.Tensor((1, nt, h_v), acc),
     ):
