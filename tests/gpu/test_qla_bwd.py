@@ -297,3 +297,76 @@ def test_stage2_rev9_sums_equal_rev8(name, monkeypatch):
     for n in out["rev8"]:
         assert not out["rev9"][n].isnan().any(), n
         assert torch.equal(out["rev9"][n], out["rev8"][n]), (n, diffs[n])
+
+
+STAGE2_CLUSTER_TIMING = [(16, 32, "1x32768"), (16, 32, "8192x4"), (2, 4, "1x8192")]
+
+
+def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
+    import itertools
+    import statistics
+
+    from gpu.test_qla_fwd import make_inputs
+
+    from qla_bench.timing import time_cuda_events
+    from qla_bench.workload import parse_seqlens
+    from qla_kernels.gdn import bwd_api
+    from qla_kernels.gdn.api import _TL_DTYPE, _plan, chunk_gated_delta_rule_fwd, pack_tokens
+    from qla_kernels.gdn.bwd.chunk_grads import bwd_chunk_grads_kernel
+    from qla_kernels.gdn.bwd.group_sum import gva_group_sum_kernel
+
+    lens = parse_seqlens(mix)
+    t = sum(lens)
+    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=len(lens))
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    do = torch.randn_like(v)
+    scale = 128**-0.5
+    plan = _plan(q, cu)
+    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
+    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
+    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
+    ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    dt = _TL_DTYPE[q.dtype]
+    threads, *flags = bwd_api.GRADS_FLAGS["rev8"]
+    r = h_v // h_qk
+    dq_v, dk_v = (torch.empty(1, t, h_v, 128, device="cuda") for _ in range(2))
+    dq, dk = (torch.empty(1, t, h_qk, 128, dtype=q.dtype, device="cuda") for _ in range(2))
+    dbeta, dg = (torch.empty(1, t, h_v, device="cuda") for _ in range(2))
+    dv = torch.empty_like(vf)
+    head = (qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices)
+    rev8 = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True)
+    probe = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, cluster_probe=True)
+    rev9 = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, True, r)
+    gsum = gva_group_sum_kernel(128, dt)
+    grouped = (dq_v.view(t * h_qk, r, 128), dk_v.view(t * h_qk, r, 128), dq.view(t * h_qk, 128), dk.view(t * h_qk, 128))
+    calls = {
+        "rev8": lambda: rev8(*head, dq_v, dk_v, dbeta, dg, dv),
+        "rev8_group_sum": lambda: (rev8(*head, dq_v, dk_v, dbeta, dg, dv), gsum(*grouped)),
+        "rev8_cluster_launch": lambda: probe(*head, dq_v, dk_v, dbeta, dg, dv),
+        "rev9": lambda: rev9(*head, dq, dk, dbeta, dg, dv),
+    }
+    row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix}
+    for name, fn in calls.items():
+        row[name] = statistics.median(time_cuda_events(fn, 20, flusher).samples_ms)
+    return row
+
+
+def test_time_stage2_cluster_sum():
+    """Where rev 9's time goes (session 20: the backward 0.983x rev 8's on qwen35-bwd): stage 2 rev 8 with and
+    without the group-sum kernel, rev 8 launched in 2-CTA clusters with no exchange (cluster_probe), and rev 9;
+    $OUT/stage2_cluster.json. Not an assertion on speed."""
+    import json
+    import os
+
+    from qla_bench.timing import L2Flusher
+
+    flusher = L2Flusher(torch.device("cuda"))
+    rows = []
+    for h_qk, h_v, mix in STAGE2_CLUSTER_TIMING:
+        rows.append(_time_stage2_cluster_config(h_qk, h_v, mix, flusher))
+        print(f"[stage2-cluster] {rows[-1]}", flush=True)
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "stage2_cluster.json"), "w") as fh:
+        json.dump({"timer": "cuda-events, L2 flushed, median of 20", "rows": rows}, fh, indent=1)

@@ -53,6 +53,7 @@ def bwd_chunk_grads_program(
     store_dv: bool = False,
     cluster_sum: bool = False,
     gva_ratio: int = 2,
+    cluster_probe: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -97,7 +98,9 @@ def bwd_chunk_grads_program(
     heads are adjacent CTAs, launched as a 2-CTA cluster; each gradient's fp32 tile goes from one CTA's shared
     memory into its partner's (one bulk copy, DSMEM), which adds it to its own and stores the rounded sum:
     rank 0 owns dq, rank 1 dk. That drops the fp32 per-value-head tensors (4 bytes a value twice, written
-    and read again) and the group-sum kernel (bwd/group_sum.py).
+    and read again) and the group-sum kernel (bwd/group_sum.py). cluster_probe=True (a measuring build, never
+    what the backward runs) launches the per-value-head program (cluster_sum=False) in 2-CTA clusters with no
+    exchange: what the cluster launch alone costs.
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
@@ -105,6 +108,7 @@ def bwd_chunk_grads_program(
     assert not scan_dg or ds_tma
     assert not (store_dv and profile)
     assert not cluster_sum or (scan_dg and gva_ratio in (1, 2))
+    assert not (cluster_probe and cluster_sum)
     pair = cluster_sum and gva_ratio == 2  # two CTAs exchange tiles
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
@@ -186,7 +190,7 @@ def bwd_chunk_grads_program(
     @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof, dv_out):  # fmt: skip
-        with T.Kernel(nc * h_v, threads=threads, cluster_dims=2 if pair else None) as (bid,):
+        with T.Kernel(nc * h_v, threads=threads, cluster_dims=2 if pair or cluster_probe else None) as (bid,):
             if hoist_index:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
                 # every address instead, they cost 64-bit divisions per load
                 bh = T.alloc_var("int32", init=bid % h_v)
