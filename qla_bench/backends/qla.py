@@ -121,8 +121,12 @@ class QlaBackend(Backend):
         flags["qla_cp"] = f"on (combine: {combine})" if api.resolve_cp() else "off"
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         flags["qla_bwd_states"] = bwd_api.resolve_states_impl()
-        flags["qla_bwd_grads"] = bwd_api.resolve_grads_rev()
+        grads = bwd_api.resolve_grads_rev()
+        flags["qla_bwd_grads"] = grads
         flags["qla_bwd_group_sum"] = bwd_api.resolve_group_sum()
+        if grads in bwd_api.CLUSTER_SUM_REVS:  # that stage 2 sums the group itself where it can
+            ratios = ", ".join(str(r) for r in bwd_api.CLUSTER_SUM_RATIOS)
+            flags["qla_bwd_group_sum"] += f" (only at h_v / h_qk not in {ratios}: stage 2 {grads} sums the group)"
         flags["qla_bwd_cp"] = "on (bwd_cp_plan decides)" if bwd_api.resolve_bwd_cp() else "off"
         return flags
 

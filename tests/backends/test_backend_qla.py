@@ -59,6 +59,10 @@ def test_modes_and_flags(monkeypatch):
     assert flags["qla_fused"] == "auto (ws12, V-slice by config); ws6 where a backward follows"
     assert flags["qla_kkt"] == "v4; v4t where it writes Agb (forward only)"
     assert (flags["qla_bwd_grads"], flags["qla_bwd_group_sum"]) == ("rev8", "kernel")
+    monkeypatch.setenv("QLA_BWD_GRADS", "rev9")  # stage 2 sums GVA groups of 1 or 2 itself
+    rev9 = QlaBackend().env_flags()
+    assert rev9["qla_bwd_group_sum"] == "kernel (only at h_v / h_qk not in 1, 2: stage 2 rev9 sums the group)"
+    monkeypatch.delenv("QLA_BWD_GRADS")
     monkeypatch.setenv("QLA_FUSED_IMPL", "ws10")  # no A0: bwd and train rows say their forward ran ws6
     assert QlaBackend().env_flags()["qla_fused"] == "ws10; ws6 where a backward follows"
     assert flags["qla_cp"] == "on (combine: kernel rev 2, 32 columns, 128 threads)"
