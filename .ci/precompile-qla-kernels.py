@@ -108,6 +108,9 @@ def variants() -> list[tuple[str, str, tuple]]:
         label = f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev9 store dv r{ratio}"
         args = (HEAD_DIM, HEAD_DIM, SCALE, dt, threads, False, False, *flags, True, True, ratio)
         out.append((label, "bwd_chunk_grads_kernel", args))
+        if ratio == 2:  # rev10 (pair_early); at ratio 1 it is rev9's build
+            label = label.replace("rev9", "rev10")
+            out.append((label, "bwd_chunk_grads_kernel", (*args, False, True)))
     threads, *flags = GRADS_FLAGS["rev8"]  # tests/gpu/test_qla_bwd.py's timing of the cluster launch alone
     args = (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, False, *flags, True, False, 2, True)
     out.append(("bwd chunk grads rev8 store dv cluster probe", "bwd_chunk_grads_kernel", args))

@@ -71,12 +71,14 @@ GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_be
     "rev7": (256, True, True, True, True, True, True, False),  # rev6, Gamma in a fragment, dS' by TMA (session 19)
     "rev8": (256, True, True, True, True, True, True, True),  # rev7 with the dg tail as two scans (session 19)
     "rev9": (256, True, True, True, True, True, True, True),  # rev8 storing the GVA group's dq, dk (CLUSTER_SUM_REVS)
+    "rev10": (256, True, True, True, True, True, True, True),  # rev9 with one hand-off on the pair's path (PAIR_EARLY)
 }
 # Revisions whose stage 2 writes dq and dk already summed over the GVA group, in q's dtype, at these ratios
 # h_v / h_qk (bwd_chunk_grads_program's cluster_sum: a 2-CTA cluster adds the pair's tiles through DSMEM);
 # other ratios run the revision's flags per value head and the group sum after.
-CLUSTER_SUM_REVS = ("rev9",)
+CLUSTER_SUM_REVS = ("rev9", "rev10")
 CLUSTER_SUM_RATIOS = (1, 2)
+PAIR_EARLY_REVS = ("rev10",)  # bwd_chunk_grads_program's pair_early at ratio 2 (at ratio 1 rev10 is rev9)
 GRADS_REVS = tuple(GRADS_FLAGS)
 # How dq and dk per value head (fp32) become the GVA group's sums in q's dtype: "torch" (an fp32 add that
 # rounds on store for r = 2, else a sum then a cast: two passes) or "kernel" (bwd/group_sum.py: both tensors,
@@ -374,6 +376,8 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
     threads, *flags = GRADS_FLAGS[rev]
     dt = _TL_DTYPE[qf.dtype]
     group = {"cluster_sum": True, "gva_ratio": h_v // h_qk} if sum_groups else {}
+    if sum_groups and h_v == 2 * h_qk and rev in PAIR_EARLY_REVS:
+        group["pair_early"] = True
     args = (qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
     if dv is not None:
         bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags, True, **group)(*args, dv)

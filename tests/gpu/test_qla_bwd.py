@@ -257,8 +257,9 @@ REV9_CASES = {  # (h_qk, h_v, sequence lengths): GVA ratios 1 and 2, ragged, a s
 }
 
 
+@pytest.mark.parametrize("rev", ["rev9", "rev10"])
 @pytest.mark.parametrize("name", list(REV9_CASES))
-def test_stage2_rev9_sums_equal_rev8(name, monkeypatch):
+def test_stage2_rev9_sums_equal_rev8(name, rev, monkeypatch):
     """Stage 2 rev 9 (dq, dk summed over the GVA group inside a 2-CTA cluster, bwd/chunk_grads.py's
     cluster_sum) against rev 8 followed by the group-sum kernel on the same inputs: both add the same two fp32
     tiles once and round once, so dq, dk must agree bit for bit; dv, dbeta and dg come from the same code."""
@@ -282,21 +283,21 @@ def test_stage2_rev9_sums_equal_rev8(name, monkeypatch):
     states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
     ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
     out = {}
-    for rev, summed in (("rev8", False), ("rev9", True)):
-        monkeypatch.setenv(bwd_api.GRADS_REV_ENV, rev)
+    for grads, summed in (("rev8", False), (rev, True)):
+        monkeypatch.setenv(bwd_api.GRADS_REV_ENV, grads)
         monkeypatch.setenv(bwd_api.GROUP_SUM_ENV, "kernel")
         dv = torch.full_like(vf, float("nan"))
         dq, dk, dbeta, dg = bwd_api.chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan, scale, dv,
                                                     summed)  # fmt: skip
         if not summed:
             dq, dk = bwd_api._group_sums(dq, dk, 1, t, h_qk, q.dtype)
-        out[rev] = {"dq": dq.view(1, t, h_qk, 128), "dk": dk.view(1, t, h_qk, 128), "dv": dv, "dbeta": dbeta,
-                    "dg": dg}  # fmt: skip
-    diffs = {n: (out["rev9"][n].float() - out["rev8"][n].float()).abs().max().item() for n in out["rev8"]}
-    print(f"\n[stage2 rev9 vs rev8] {name}: max |diff| " + " ".join(f"{n}={d:.1e}" for n, d in diffs.items()))
+        out[grads] = {"dq": dq.view(1, t, h_qk, 128), "dk": dk.view(1, t, h_qk, 128), "dv": dv, "dbeta": dbeta,
+                      "dg": dg}  # fmt: skip
+    diffs = {n: (out[rev][n].float() - out["rev8"][n].float()).abs().max().item() for n in out["rev8"]}
+    print(f"\n[stage2 {rev} vs rev8] {name}: max |diff| " + " ".join(f"{n}={d:.1e}" for n, d in diffs.items()))
     for n in out["rev8"]:
-        assert not out["rev9"][n].isnan().any(), n
-        assert torch.equal(out["rev9"][n], out["rev8"][n]), (n, diffs[n])
+        assert not out[rev][n].isnan().any(), n
+        assert torch.equal(out[rev][n], out["rev8"][n]), (n, diffs[n])
 
 
 STAGE2_CLUSTER_TIMING = [(16, 32, "1x32768"), (16, 32, "8192x4"), (2, 4, "1x8192")]
@@ -338,6 +339,7 @@ def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     rev8 = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True)
     probe = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, cluster_probe=True)
     rev9 = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, True, r)
+    rev10 = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, True, r, pair_early=True)
     gsum = gva_group_sum_kernel(128, dt)
     grouped = (dq_v.view(t * h_qk, r, 128), dk_v.view(t * h_qk, r, 128), dq.view(t * h_qk, 128), dk.view(t * h_qk, 128))
     calls = {
@@ -345,6 +347,7 @@ def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
         "rev8_group_sum": lambda: (rev8(*head, dq_v, dk_v, dbeta, dg, dv), gsum(*grouped)),
         "rev8_cluster_launch": lambda: probe(*head, dq_v, dk_v, dbeta, dg, dv),
         "rev9": lambda: rev9(*head, dq, dk, dbeta, dg, dv),
+        "rev10": lambda: rev10(*head, dq, dk, dbeta, dg, dv),
     }
     row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix}
     for name, fn in calls.items():
@@ -354,7 +357,7 @@ def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
 
 def test_time_stage2_cluster_sum():
     """Where rev 9's time goes (session 20: the backward 0.983x rev 8's on qwen35-bwd): stage 2 rev 8 with and
-    without the group-sum kernel, rev 8 launched in 2-CTA clusters with no exchange (cluster_probe), and rev 9;
+    without the group-sum kernel, rev 8 launched in 2-CTA clusters with no exchange (cluster_probe), rev 9, rev 10;
     $OUT/stage2_cluster.json. Not an assertion on speed."""
     import json
     import os

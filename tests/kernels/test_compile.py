@@ -279,15 +279,16 @@ def test_bwd_chunk_grads_compiles(rev):
         assert rep.source.count("exp2") <= 4, rep.source.count("exp2")
 
 
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_bwd_chunk_grads_rev9_compiles(ratio):
+@pytest.mark.parametrize(("ratio", "early"), [(1, False), (2, False), (2, True)])
+def test_bwd_chunk_grads_rev9_compiles(ratio, early):
     # rev 9 (bwd_api's default path at h_v / h_qk = 1, 2): dq and dk leave stage 2 as the GVA group's sums in
     # bf16; at r = 2 the pair of value-head CTAs is a 2-CTA cluster exchanging one fp32 tile each way by DSMEM
     from qla_kernels.gdn.bwd.chunk_grads import MERGED_PASS_CONFIGS, bwd_chunk_grads_program
     from qla_kernels.gdn.bwd_api import GRADS_FLAGS
 
     threads, *flags = GRADS_FLAGS["rev9"]
-    prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, False, *flags, True, True, ratio)
+    prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, False, *flags, True, True, ratio,
+                                   pair_early=early)  # rev10: dk first, one hand-off on the pair's path
     rep = build_sm90a(prog, MERGED_PASS_CONFIGS)
     print(rep.line())
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()

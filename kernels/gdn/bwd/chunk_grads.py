@@ -54,6 +54,7 @@ def bwd_chunk_grads_program(
     cluster_sum: bool = False,
     gva_ratio: int = 2,
     cluster_probe: bool = False,
+    pair_early: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -101,6 +102,12 @@ def bwd_chunk_grads_program(
     and read again) and the group-sum kernel (bwd/group_sum.py). cluster_probe=True (a measuring build, never
     what the backward runs) launches the per-value-head program (cluster_sum=False) in 2-CTA clusters with no
     exchange: what the cluster launch alone costs.
+
+    pair_early=True (rev 10, with cluster_sum at gva_ratio 2) keeps one hand-off of rev 9's two on the pair's
+    path: both CTAs form dk first (into ck), and rank 0 sends its dk at once; both then form dq into a second
+    accumulator; rank 1, whose partner's dk has been in flight meanwhile, adds it, sends its dq back through the
+    same buffer and stores dk; rank 0 waits for that dq, adds, stores. A split cluster barrier after the
+    exchange keeps rank 1's outgoing copy's source intact until rank 0 has it.
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
@@ -109,6 +116,7 @@ def bwd_chunk_grads_program(
     assert not (store_dv and profile)
     assert not cluster_sum or (scan_dg and gva_ratio in (1, 2))
     assert not (cluster_probe and cluster_sum)
+    assert not pair_early or (cluster_sum and gva_ratio == 2)
     pair = cluster_sum and gva_ratio == 2  # two CTAs exchange tiles
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
@@ -188,6 +196,34 @@ def bwd_chunk_grads_program(
                 T.cluster_wait()
 
     @T.macro
+    def dq_gemms(acc_tile, do_sh, s_sh, d_sh, dqk_sh, k_sh):
+        """acc_tile = dq = scale D (dO S^T) + dQK K."""
+        mm(do_sh, s_sh, acc_tile, transpose_b=True)
+        for i, j in T.Parallel(C, dk):
+            acc_tile[i, j] = scale * d_sh[i] * acc_tile[i, j]
+        mm(dqk_sh, k_sh, acc_tile, clear=False)
+
+    @T.macro
+    def dk_gemms(acc_tile, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh):
+        """acc_tile = dk = dQK^T Q - (D dW) S^T + D_r (Vn dS'^T) + dKKt K + dKKt^T K (negates dwd_sh in place)."""
+        mm(dqk_sh, q_sh, acc_tile, transpose_a=True)
+        mm(vnr_sh, ds_sh, acc_tile, transpose_b=True, clear=False)
+        mm(dkkt_sh, k_sh, acc_tile, clear=False)
+        mm(dkkt_sh, k_sh, acc_tile, transpose_a=True, clear=False)
+        for i, j in T.Parallel(C, dv):
+            dwd_sh[i, j] = -dwd_sh[i, j]
+        mm(dwd_sh, s_sh, acc_tile, transpose_b=True, clear=False)
+
+    @T.macro
+    def pair_send(tile, pair_sh, pair_bar, partner):
+        """tile (fp32 registers) into pair_sh, then one bulk copy into the partner's pair_sh."""
+        for i, j in T.Parallel(C, dk):
+            pair_sh[i, j] = tile[i, j]
+        T.fence_proxy_async()
+        T.sync_threads()
+        T.copy_cluster(pair_sh, pair_sh, dst_block=partner, remote_barrier=pair_bar[0])
+
+    @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof, dv_out):  # fmt: skip
         with T.Kernel(nc * h_v, threads=threads, cluster_dims=2 if pair or cluster_probe else None) as (bid,):
@@ -256,6 +292,7 @@ def bwd_chunk_grads_program(
             red_c2c = alloc_acc((C,))
             red_k = alloc_acc((dk,))
             gam = alloc_acc((C, C)) if gamma_frag else None
+            ck2 = alloc_acc((C, dk)) if pair_early else None  # rev 10: dq while ck holds dk
 
             stamp(prof, bid, 0)
             # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
@@ -462,32 +499,45 @@ def bwd_chunk_grads_program(
                     dbeta[0, t0 + i, bh] = col_a[i] + row_a[i]
 
             stamp(prof, bid, 7)
-            # dq = scale D (dO S^T) + dQK K
-            mm(do_sh, s_sh, ck, transpose_b=True)
-            for i, j in T.Parallel(C, dk):
-                ck[i, j] = scale * d_sh[i] * ck[i, j]
-            mm(dqk_sh, k_sh, ck, clear=False)
-            if cluster_sum:
-                group_store(ck, dq_v, pair_sh, pair_bar, 0, bh % 2, t0, end, bhg)
+            if pair_early:  # rev 10: dk first; rank 0's dk leaves while both form dq
+                dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
+                T.cluster_sync()  # pair_sh's space is free in both CTAs (the merged plan places it by lifetime)
+                if bh % 2 == 0:
+                    pair_send(ck, pair_sh, pair_bar, 1)
+                dq_gemms(ck2, do_sh, s_sh, d_sh, dqk_sh, k_sh)
+                T.barrier_wait(pair_bar[0], 0)  # rank 0: rank 1's dq; rank 1: rank 0's dk
+                if bh % 2 == 0:
+                    T.cluster_arrive()  # rank 1's copy has landed: its source may be reused
+                    for i, j in T.Parallel(C, dk):
+                        if t0 + i < end:
+                            dq_v[0, t0 + i, bhg, j] = T.cast(ck2[i, j] + pair_sh[i, j], dtype)
+                else:
+                    for i, j in T.Parallel(C, dk):
+                        ck[i, j] = ck[i, j] + pair_sh[i, j]
+                    T.sync_threads()  # every read of rank 0's dk done before this CTA's dq overwrites it
+                    pair_send(ck2, pair_sh, pair_bar, 0)
+                    T.cluster_arrive()
+                    for i, j in T.Parallel(C, dk):
+                        if t0 + i < end:
+                            dk_v[0, t0 + i, bhg, j] = T.cast(ck[i, j], dtype)
+                T.cluster_wait()
+                T.sync_threads()
             else:
-                for i, j in T.Parallel(C, dk):
-                    if t0 + i < end:
-                        dq_v[0, t0 + i, bh, j] = ck[i, j]
-            stamp(prof, bid, 8)
-            # dk = dQK^T Q - (D dW) S^T + D_r (Vn dS'^T) + dKKt K + dKKt^T K
-            mm(dqk_sh, q_sh, ck, transpose_a=True)
-            mm(vnr_sh, ds_sh, ck, transpose_b=True, clear=False)
-            mm(dkkt_sh, k_sh, ck, clear=False)
-            mm(dkkt_sh, k_sh, ck, transpose_a=True, clear=False)
-            for i, j in T.Parallel(C, dv):
-                dwd_sh[i, j] = -dwd_sh[i, j]
-            mm(dwd_sh, s_sh, ck, transpose_b=True, clear=False)
-            if cluster_sum:
-                group_store(ck, dk_v, pair_sh, pair_bar, 1, bh % 2, t0, end, bhg)
-            else:
-                for i, j in T.Parallel(C, dk):
-                    if t0 + i < end:
-                        dk_v[0, t0 + i, bh, j] = ck[i, j]
+                dq_gemms(ck, do_sh, s_sh, d_sh, dqk_sh, k_sh)
+                if cluster_sum:
+                    group_store(ck, dq_v, pair_sh, pair_bar, 0, bh % 2, t0, end, bhg)
+                else:
+                    for i, j in T.Parallel(C, dk):
+                        if t0 + i < end:
+                            dq_v[0, t0 + i, bh, j] = ck[i, j]
+                stamp(prof, bid, 8)
+                dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
+                if cluster_sum:
+                    group_store(ck, dk_v, pair_sh, pair_bar, 1, bh % 2, t0, end, bhg)
+                else:
+                    for i, j in T.Parallel(C, dk):
+                        if t0 + i < end:
+                            dk_v[0, t0 + i, bh, j] = ck[i, j]
 
             stamp(prof, bid, 9)
             # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
