@@ -56,10 +56,11 @@ if [ -n "${S19_REV7:-}" ]; then
     budget=$(left); (( budget < 40 )) && { echo "skip bwd-$variant: out of time"; continue; }
     lim=$(( budget < 170 ? budget : 170 ))
     extra=""; [ "$variant" = new ] && extra=$NEW
+    rows=$(mktemp -d /tmp/bwd-$variant-XXXX)  # fresh: the CLI resumes from rows already in its --out folder
     env $extra timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
-      --timers events --out "/tmp/bwd-$variant" --no-report > "$dest/bwd-$variant.log" 2>&1
+      --timers events --out "$rows" --no-report > "$dest/bwd-$variant.log" 2>&1
     echo "bwd-$variant rc=$? t=$(( $(date +%s) - t0 )) s"
-    cat /tmp/bwd-$variant/*.jsonl > "$dest/bwd-$variant.jsonl" 2>/dev/null
+    cat "$rows"/*.jsonl > "$dest/bwd-$variant.jsonl" 2>/dev/null
   done
   exit 0
 fi

@@ -244,8 +244,9 @@ def test_bwd_dstate_chain_rev4_compiles(block_v):
 
 @pytest.mark.parametrize("block_v", [32, 64])
 def test_bwd_dstate_chain_rev5_compiles(block_v):
-    """Stage 1 rev5: rev4 with K dS' and the two Q^T products in flight together, one wait for K dS' before dVn,
-    one at the step's end; no spills."""
+    """Stage 1 rev5: rev4 with the two Q^T products in flight over dVn's pass, waited for at the step's end; their
+    Q operand a consumer-owned copy, and every pipeline stage released only after a read that has completed
+    (session 20's first GPU run: q's stage went back to the TMA producer while the products still read it)."""
     from qla_kernels.gdn.bwd.dstate_chain import PASS_CONFIGS, bwd_dstate_program
 
     prog = bwd_dstate_program(128, 128, 128**-0.5, "bfloat16", True, block_v, 256, False, True, 2, True, True, True)
@@ -253,7 +254,10 @@ def test_bwd_dstate_chain_rev5_compiles(block_v):
     print(rep.line())
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
-    assert "wait_wgmma<2>" in rep.source  # K dS' waited for alone, the Q^T products still in flight
+    body = rep.source[rep.source.index("wgmma_ss"):]
+    q_products = body.index("q2_sh)[0]")  # the Q^T products read the copy
+    assert "q_sh)[0]" not in body[: body.index("wait_wgmma<0>")].replace("q2_sh)[0]", "")
+    assert body.index("warpgroup_wait<0>") < q_products < body.index("wait_wgmma<0>")  # K dS' waited first
 
 
 @pytest.mark.parametrize("rev", ["rev1", "rev4", "rev5", "rev6", "rev7", "rev8"])

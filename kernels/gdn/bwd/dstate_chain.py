@@ -72,8 +72,12 @@ def bwd_dstate_program(
     chain (dS' -> K dS' -> dVn -> Wk^T dVn): dS' is scaled by exp(gamma) first, then K dS' and the two
     Q^T products are issued without waiting (T.wgmma_gemm), only K dS' is waited for before dVn is formed,
     and the products run while dVn's element-wise pass does. Same sums as rev 4 in another order (the
-    CPU build runs them in that order, synchronously). Session 19: compiled and CPU-checked, not yet run
-    on a GPU.
+    CPU build runs them in that order, synchronously). Session 20's first GPU run was wrong (dk, dv, dg,
+    dbeta, dh0 0.01-0.6): TileLang warp-specialises this pipelined loop, and the consumer releases q's stage
+    to the TMA producer right after the last statement that reads it, the wgmma issue, so the producer could
+    load chunk c - 2's Q over Q^T's operand while the products still ran. Q is now copied into a consumer-
+    owned buffer (q2_sh) in the pass that forms scale D dO, and the products read that copy; K dS' (k's
+    stage has the same release) is waited for at its issue, and the Q^T products are issued after it.
     """
     assert not precomputed or pipelined
     assert not dod_split or precomputed
@@ -306,6 +310,7 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
             ndvn_sh = alloc_sh((C, block_v), dtype)  # -dVn
             dod_sh = alloc_sh((C, block_v), dtype)  # scale D dO (rev 4: its rounded high part)
             dodl_sh = alloc_sh((C, block_v), dtype) if dod_split else None  # rev 4: what the rounding left
+            q2_sh = alloc_sh((C, dk), dtype) if async_dod else None  # rev 5: Q for the products still in flight
 
             ds = alloc_acc((dk, block_v))
             kds = alloc_acc((C, block_v))
@@ -341,17 +346,18 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
                     for i, j in T.Parallel(C, block_v):
                         dod_sh[i, j] = T.cast(scaled_do(d_sh, do_sh, i, j), dtype)
                         dodl_sh[i, j] = low_part(scaled_do(d_sh, do_sh, i, j))
+                    for i, j in T.Parallel(C, dk):  # q's pipeline stage is released at its last read: this
+                        q2_sh[i, j] = q_sh[i, j]
                     for i, j in T.Parallel(dk, block_v):
                         ds[i, j] = ds[i, j] * T.exp2(gl_sh[C - 1] * LOG2E)
                     if cpu_debug:
                         mm(k_sh, ds_sh, kds)
-                        mm(q_sh, dod_sh, ds, transpose_a=True, clear=False)
-                        mm(q_sh, dodl_sh, ds, transpose_a=True, clear=False)
+                        mm(q2_sh, dod_sh, ds, transpose_a=True, clear=False)
+                        mm(q2_sh, dodl_sh, ds, transpose_a=True, clear=False)
                     else:
-                        T.wgmma_gemm(k_sh, ds_sh, kds, clear_accum=True)
-                        T.wgmma_gemm(q_sh, dod_sh, ds, transpose_A=True)
-                        T.wgmma_gemm(q_sh, dodl_sh, ds, transpose_A=True)
-                        T.wait_wgmma(2)  # K dS' is done; the two Q^T products may still run
+                        mm(k_sh, ds_sh, kds)  # waited for here: k's stage is released after this read
+                        T.wgmma_gemm(q2_sh, dod_sh, ds, transpose_A=True)
+                        T.wgmma_gemm(q2_sh, dodl_sh, ds, transpose_A=True)
                     for i, j in T.Parallel(C, block_v):
                         ndvn_sh[i, j] = T.cast(
                             T.if_then_else(t0 + i < end, -dvl_sh[i, j] - dr_sh[i] * kds[i, j], 0.0), dtype
