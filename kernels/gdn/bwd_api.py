@@ -45,8 +45,10 @@ from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_bloc
 # emulation of the chain's roundings: 2.86e-3 -> 2.22e-3). On the H200 (session 10) it passes the backward
 # and CP checks, and on qwen35-bwd dh0's error is 0.96-1.00x FLA's on all 32 configs (rev3 1.24-1.26x on 16)
 # for ~2.5 % more backward time: the default since. $QLA_BWD_DSTATE overrides the default.
-# "rev5" (session 19, compiled and CPU-checked, not yet run on a GPU): rev4 with the two Q^T (scale D dO)
-# products issued without a wait beside K dS', off the step's dependent chain; the models price it as rev4.
+# "rev5" (session 19): rev4 with the two Q^T (scale D dO) products issued without a wait, off the step's
+# dependent chain; the models price it as rev4. On the H100 (session 20) wrong at first (the warp-specialised
+# pipeline released Q's and K's stages under in-flight products), then, with a Q copy, right on the plain cases
+# but not on the CP ones (bwd/dstate_chain.py): not for use. Its chain was ~3 % faster than rev4's.
 DSTATE_REVS = ("rev1", "rev2", "rev3", "rev4", "rev5")
 PRECOMPUTED_DSTATE_REVS = ("rev3", "rev4", "rev5")  # the chain over bwd/dvl_wk.py's parts (dv from stage 2)
 DSTATE_REV_ENV = "QLA_BWD_DSTATE"
@@ -75,7 +77,9 @@ GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_be
 }
 # Revisions whose stage 2 writes dq and dk already summed over the GVA group, in q's dtype, at these ratios
 # h_v / h_qk (bwd_chunk_grads_program's cluster_sum: a 2-CTA cluster adds the pair's tiles through DSMEM);
-# other ratios run the revision's flags per value head and the group sum after.
+# other ratios run the revision's flags per value head and the group sum after. On the H100 (session 20) both
+# are bit for bit rev8 + the group-sum kernel and slower: the backward 0.983x (rev9) and 0.992x (rev10) rev8's
+# over qwen35-bwd; the cluster launch alone costs nothing, the tile exchange ~4 us a CTA. Not the default.
 CLUSTER_SUM_REVS = ("rev9", "rev10")
 CLUSTER_SUM_RATIOS = (1, 2)
 PAIR_EARLY_REVS = ("rev10",)  # bwd_chunk_grads_program's pair_early at ratio 2 (at ratio 1 rev10 is rev9)

@@ -77,7 +77,12 @@ def bwd_dstate_program(
     to the TMA producer right after the last statement that reads it, the wgmma issue, so the producer could
     load chunk c - 2's Q over Q^T's operand while the products still ran. Q is now copied into a consumer-
     owned buffer (q2_sh) in the pass that forms scale D dO, and the products read that copy; K dS' (k's
-    stage has the same release) is waited for at its issue, and the Q^T products are issued after it.
+    stage has the same release) is waited for at its issue, and the Q^T products are issued after it. Its
+    second GPU run (call 3) passed the plain float64 cases but read higher errors on GVA 4 (dv 4.74e-3 against
+    rev 4's 3.58e-3) and failed three of four CP cases (dk up to 1.7e-2, dh0 5.9e-2). The cause is not found:
+    no buffer the products read is rewritten before a consumer barrier that follows both warpgroups' waits
+    (the generated loop syncs the consumers after the gate loads, before scale D dO and the Q copy are
+    formed), the shared plan aliases none of them, and ptxas reports no wgmma serialisation. Not the default.
     """
     assert not precomputed or pipelined
     assert not dod_split or precomputed
