@@ -71,23 +71,20 @@ def test_chunk_states_ws5_matches_v2(name, monkeypatch):
     assert max(per_chunk) <= 5e-3, max(per_chunk)
 
 
-BWD_TIMING = [(2, 8, "1x32768"), (16, 32, "1x32768"), (16, 32, "8192x4"), (16, 64, "1024x8")]
 
-
-def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
+def _stage_inputs(h_qk: int, h_v: int, lens: list[int], seed: int):
+    """Random inputs (make_inputs, with h0) over sequences of these lengths, the forward's outputs, dO, and the
+    packed tensors, chunk states and dS' the backward's stages take: what every stage test here starts from."""
     import itertools
-    import statistics
+    from types import SimpleNamespace
 
     from gpu.test_qla_fwd import make_inputs
 
-    from qla_bench.timing import time_cuda_events
-    from qla_bench.workload import parse_seqlens
     from qla_kernels.gdn import bwd_api
     from qla_kernels.gdn.api import _plan, chunk_gated_delta_rule_fwd, pack_tokens
 
-    lens = parse_seqlens(mix)  # the harness's labels: "1xL" one sequence, "LxN" N sequences of L
     t = sum(lens)
-    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=len(lens))
+    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=seed, n=len(lens))
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
     do = torch.randn_like(v)
@@ -97,6 +94,27 @@ def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
     states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
     ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    return SimpleNamespace(q=q, k=k, v=v, g=g, beta=beta, s0=s0, cu=cu, fwd=fwd, do=do, scale=scale, plan=plan,
+                           qf=qf, kf=kf, vf=vf, af=af, dof=dof, gf=gf, bf=bf, states=states, ds_next=ds_next)
+
+
+BWD_TIMING = [(2, 8, "1x32768"), (16, 32, "1x32768"), (16, 32, "8192x4"), (16, 64, "1024x8")]
+
+
+def _time_bwd_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
+    import statistics
+
+    from qla_bench.timing import time_cuda_events
+    from qla_bench.workload import parse_seqlens
+    from qla_kernels.gdn import bwd_api
+    from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd
+
+    lens = parse_seqlens(mix)  # the harness's labels: "1xL" one sequence, "LxN" N sequences of L
+    x = _stage_inputs(h_qk, h_v, lens, 3)
+    q, k, v, g, beta, s0, cu, fwd, do, scale, plan = (x.q, x.k, x.v, x.g, x.beta, x.s0, x.cu, x.fwd, x.do, x.scale,
+                                                      x.plan)  # fmt: skip
+    qf, kf, vf, af, dof, gf, bf, states, ds_next = (x.qf, x.kf, x.vf, x.af, x.dof, x.gf, x.bf, x.states,
+                                                    x.ds_next)  # fmt: skip
     calls = {
         "fwd": lambda: chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu),
         "stage0_states": lambda: bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale),
@@ -156,30 +174,21 @@ BLOCK_V_TIMING = [(16, 32, "1x32768"), (16, 32, "16384x2"), (16, 32, "8192x4"), 
 
 
 def _time_block_v_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
-    import itertools
     import statistics
-
-    from gpu.test_qla_fwd import make_inputs
 
     from qla_bench.timing import time_cuda_events
     from qla_bench.workload import parse_seqlens
     from qla_kernels.gdn import bwd_api
-    from qla_kernels.gdn.api import _TL_DTYPE, _num_sms, _plan, chunk_gated_delta_rule_fwd, pack_tokens
+    from qla_kernels.gdn.api import _TL_DTYPE, _num_sms
     from qla_kernels.gdn.bwd.dvl_wk import bwd_dvl_wk_kernel
     from qla_kernels.gdn.plan import choose_block_v
 
     lens = parse_seqlens(mix)
     t = sum(lens)
-    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=len(lens))
-    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
-    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
-    do = torch.randn_like(v)
-    scale = 128**-0.5
-    plan = _plan(q, cu)
-    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
-    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
-    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
-    ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    x = _stage_inputs(h_qk, h_v, lens, 3)
+    q, k, v, beta, s0, cu, fwd, do, scale, plan = x.q, x.k, x.v, x.beta, x.s0, x.cu, x.fwd, x.do, x.scale, x.plan
+    qf, kf, vf, af, dof, gf, bf, states, ds_next = (x.qf, x.kf, x.vf, x.af, x.dof, x.gf, x.bf, x.states,
+                                                    x.ds_next)  # fmt: skip
     dvl = torch.empty(*dof.shape, dtype=torch.float32, device="cuda")
     wk = torch.empty(1, t, h_v, 128, dtype=q.dtype, device="cuda")
     pre = bwd_dvl_wk_kernel(128, 128, scale, _TL_DTYPE[q.dtype])
@@ -263,25 +272,16 @@ def test_stage2_rev9_sums_equal_rev8(name, rev, monkeypatch):
     """Stage 2 rev 9 (dq, dk summed over the GVA group inside a 2-CTA cluster, bwd/chunk_grads.py's
     cluster_sum) against rev 8 followed by the group-sum kernel on the same inputs: both add the same two fp32
     tiles once and round once, so dq, dk must agree bit for bit; dv, dbeta and dg come from the same code."""
-    import itertools
 
-    from gpu.test_qla_fwd import make_inputs
 
     from qla_kernels.gdn import bwd_api
-    from qla_kernels.gdn.api import _plan, chunk_gated_delta_rule_fwd, pack_tokens
 
     h_qk, h_v, lens = REV9_CASES[name]
     t = sum(lens)
-    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=5, n=len(lens))
-    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
-    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
-    do = torch.randn_like(v)
-    scale = 128**-0.5
-    plan = _plan(q, cu)
-    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
-    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
-    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
-    ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    x = _stage_inputs(h_qk, h_v, lens, 5)
+    q, scale, plan = x.q, x.scale, x.plan
+    qf, kf, vf, af, dof, gf, bf, states, ds_next = (x.qf, x.kf, x.vf, x.af, x.dof, x.gf, x.bf, x.states,
+                                                    x.ds_next)  # fmt: skip
     out = {}
     for grads, summed in (("rev8", False), (rev, True)):
         monkeypatch.setenv(bwd_api.GRADS_REV_ENV, grads)
@@ -304,30 +304,21 @@ STAGE2_CLUSTER_TIMING = [(16, 32, "1x32768"), (16, 32, "8192x4"), (2, 4, "1x8192
 
 
 def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
-    import itertools
     import statistics
-
-    from gpu.test_qla_fwd import make_inputs
 
     from qla_bench.timing import time_cuda_events
     from qla_bench.workload import parse_seqlens
     from qla_kernels.gdn import bwd_api
-    from qla_kernels.gdn.api import _TL_DTYPE, _plan, chunk_gated_delta_rule_fwd, pack_tokens
+    from qla_kernels.gdn.api import _TL_DTYPE
     from qla_kernels.gdn.bwd.chunk_grads import bwd_chunk_grads_kernel
     from qla_kernels.gdn.bwd.group_sum import gva_group_sum_kernel
 
     lens = parse_seqlens(mix)
     t = sum(lens)
-    (q, k, v, g, beta), s0 = make_inputs(1, t, h_qk, h_v, seed=3, n=len(lens))
-    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
-    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
-    do = torch.randn_like(v)
-    scale = 128**-0.5
-    plan = _plan(q, cu)
-    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
-    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
-    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, s0, plan, scale)
-    ds_next = bwd_api._dstate_packed(qf, kf, gf, bf, af, dof, None, plan, scale, None).ds_next
+    x = _stage_inputs(h_qk, h_v, lens, 3)
+    q, scale, plan = x.q, x.scale, x.plan
+    qf, kf, vf, af, dof, gf, bf, states, ds_next = (x.qf, x.kf, x.vf, x.af, x.dof, x.gf, x.bf, x.states,
+                                                    x.ds_next)  # fmt: skip
     dt = _TL_DTYPE[q.dtype]
     threads, *flags = bwd_api.GRADS_FLAGS["rev8"]
     r = h_v // h_qk

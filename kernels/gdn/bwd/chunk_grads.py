@@ -159,6 +159,15 @@ def bwd_chunk_grads_program(
                 prof[bid, point] = T.call_extern("int64", "clock64")
 
     @T.macro
+    def pair_send(tile, pair_sh, pair_bar, partner):
+        """tile (fp32 registers) into pair_sh, then one bulk copy into the partner's pair_sh."""
+        for i, j in T.Parallel(C, dk):
+            pair_sh[i, j] = tile[i, j]
+        T.fence_proxy_async()
+        T.sync_threads()
+        T.copy_cluster(pair_sh, pair_sh, dst_block=partner, remote_barrier=pair_bar[0])
+
+    @T.macro
     def group_store(tile, out, pair_sh, pair_bar, owner, rank, t0, end, bhg):
         """rev 9: out[t0 + i, bhg] = the GVA group's sum of tile (fp32 [C, K] in registers), rounded once.
         With a pair, the CTA of rank != owner sends its tile into the owner's pair_sh by a bulk copy that
@@ -177,11 +186,7 @@ def bwd_chunk_grads_program(
                 T.cluster_sync()
             if rank != owner:
                 T.sync_threads()
-                for i, j in T.Parallel(C, dk):
-                    pair_sh[i, j] = tile[i, j]
-                T.fence_proxy_async()
-                T.sync_threads()
-                T.copy_cluster(pair_sh, pair_sh, dst_block=owner, remote_barrier=pair_bar[0])
+                pair_send(tile, pair_sh, pair_bar, owner)
                 if owner == 1:
                     T.cluster_arrive()
             else:
@@ -213,15 +218,6 @@ def bwd_chunk_grads_program(
         for i, j in T.Parallel(C, dv):
             dwd_sh[i, j] = -dwd_sh[i, j]
         mm(dwd_sh, s_sh, acc_tile, transpose_b=True, clear=False)
-
-    @T.macro
-    def pair_send(tile, pair_sh, pair_bar, partner):
-        """tile (fp32 registers) into pair_sh, then one bulk copy into the partner's pair_sh."""
-        for i, j in T.Parallel(C, dk):
-            pair_sh[i, j] = tile[i, j]
-        T.fence_proxy_async()
-        T.sync_threads()
-        T.copy_cluster(pair_sh, pair_sh, dst_block=partner, remote_barrier=pair_bar[0])
 
     @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
