@@ -38,11 +38,12 @@ ab() {
 # kernel of the backward with NEW, then the harness's qwen35-bwd rows (qla, 32 configs) for the default and NEW.
 # Call 3/4: NEW="QLA_BWD_GRADS=rev7 QLA_BWD_GROUP_SUM=kernel" (then the defaults); call 5: NEW=QLA_BWD_GRADS=rev8.
 # Session 20: NEW=QLA_BWD_GRADS=rev9 PHASE_REVS=none (rev 9's profile build is rev 8's) adds the stage 2 rev 9
-# equality test to the checks; NEW=QLA_BWD_DSTATE=rev5 runs stage 1 rev 5 the same way.
+# equality test to the checks; NEW=QLA_BWD_DSTATE=rev5 runs stage 1 rev 5 the same way. Session 21:
+# NEW=QLA_BWD_GRADS=rev11 PHASE_REVS=none (rev 11 has no profile build) adds its comparison with rev 8.
 if [ -n "${S19_REV7:-}" ]; then
   NEW=${NEW:-QLA_BWD_GRADS=rev8}
   STEP_ENV=$NEW step bwd-new-check 200 tests/gpu/test_qla_bwd.py \
-    -k "autograd_matches and tilelang or group_sum_kernel or rev9_sums"
+    -k "autograd_matches and tilelang or group_sum_kernel or rev9_sums or rev11_matches"
   STEP_ENV=$NEW step bwd-cp-new-check 120 tests/gpu/test_qla_bwd_cp.py -k matches_float64
   if [ "${PHASE_REVS:-}" != none ]; then
     timeout -s KILL 90 python -m qla_kernels.gdn.profile_bwd /tmp/bwd_stage2_phases.json "${PHASE_REVS:-rev7,rev8}" \

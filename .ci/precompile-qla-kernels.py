@@ -111,6 +111,9 @@ def variants() -> list[tuple[str, str, tuple]]:
         if ratio == 2:  # rev10 (pair_early); at ratio 1 it is rev9's build
             label = label.replace("rev9", "rev10")
             out.append((label, "bwd_chunk_grads_kernel", (*args, False, True)))
+    for dt in ("bfloat16", "float16"):  # stage 2 rev 11 (bwd_api.WS_GRADS_REVS: its own program)
+        out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev11 ws", "bwd_chunk_grads_ws_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, dt)))  # fmt: skip
     threads, *flags = GRADS_FLAGS["rev8"]  # tests/gpu/test_qla_bwd.py's timing of the cluster launch alone
     args = (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, False, *flags, True, False, 2, True)
     out.append(("bwd chunk grads rev8 store dv cluster probe", "bwd_chunk_grads_kernel", args))
@@ -144,7 +147,7 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 
 def factory(name: str):
-    from qla_kernels.gdn.bwd import chunk_grads, dstate_chain, dvl_wk, group_sum
+    from qla_kernels.gdn.bwd import chunk_grads, chunk_grads_ws, dstate_chain, dvl_wk, group_sum
     from qla_kernels.gdn.fwd import (
         cp_combine,
         fused_fwd,
@@ -159,7 +162,8 @@ def factory(name: str):
     )
 
     modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, fused_fwd_ws, fused_fwd_ws7,
-               fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, dvl_wk, group_sum)  # fmt: skip
+               fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, chunk_grads_ws, dvl_wk,
+               group_sum)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)

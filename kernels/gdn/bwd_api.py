@@ -83,7 +83,11 @@ GRADS_FLAGS = {  # revision: (threads, tile_loads, hoist_index, tma_loads, dw_be
 CLUSTER_SUM_REVS = ("rev9", "rev10")
 CLUSTER_SUM_RATIOS = (1, 2)
 PAIR_EARLY_REVS = ("rev10",)  # bwd_chunk_grads_program's pair_early at ratio 2 (at ratio 1 rev10 is rev9)
-GRADS_REVS = tuple(GRADS_FLAGS)
+# "rev11" (session 21, bwd/chunk_grads_ws.py): rev 8's math on two warpgroups that run at once, one without dS'
+# (P, W, Vn, dP, dq) and one from dS' (dVn, dv, dAg, the A0 path, dk, dbeta, dg), handing over through mbarriers;
+# its own program (not bwd_chunk_grads_program's flags), per value head like rev 8, always writing dv.
+WS_GRADS_REVS = ("rev11",)
+GRADS_REVS = (*GRADS_FLAGS, *WS_GRADS_REVS)
 # How dq and dk per value head (fp32) become the GVA group's sums in q's dtype: "torch" (an fp32 add that
 # rounds on store for r = 2, else a sum then a cast: two passes) or "kernel" (bwd/group_sum.py: both tensors,
 # any r, one launch and one pass). $QLA_BWD_GROUP_SUM overrides the default.
@@ -377,12 +381,18 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
     dk = torch.empty_like(dq)
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
-    threads, *flags = GRADS_FLAGS[rev]
     dt = _TL_DTYPE[qf.dtype]
+    args = (qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
+    if rev in WS_GRADS_REVS:
+        from .bwd.chunk_grads_ws import bwd_chunk_grads_ws_kernel
+
+        dv_out = dv if dv is not None else torch.empty_like(vf)  # rev 11 always writes dv
+        bwd_chunk_grads_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt)(*args, dv_out)
+        return dq, dk, dbeta, dg
+    threads, *flags = GRADS_FLAGS[rev]
     group = {"cluster_sum": True, "gva_ratio": h_v // h_qk} if sum_groups else {}
     if sum_groups and h_v == 2 * h_qk and rev in PAIR_EARLY_REVS:
         group["pair_early"] = True
-    args = (qf, kf, vf, gf, bf, af, dof, states, ds_next, plan.cu_seqlens, plan.chunk_indices, dq, dk, dbeta, dg)
     if dv is not None:
         bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, False, *flags, True, **group)(*args, dv)
     else:

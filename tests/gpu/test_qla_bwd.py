@@ -300,6 +300,29 @@ def test_stage2_rev9_sums_equal_rev8(name, rev, monkeypatch):
         assert torch.equal(out[rev][n], out["rev8"][n]), (n, diffs[n])
 
 
+@pytest.mark.parametrize("name", list(REV9_CASES))
+def test_stage2_rev11_matches_rev8(name, monkeypatch):
+    """Stage 2 rev 11 (bwd/chunk_grads_ws.py, two warpgroups at once) against rev 8 on the same inputs: the same
+    products and roundings in another order (the pair gate terms' column sums come from the transposed products),
+    so every output agrees to fp32 summation-order noise, far inside the float64 checks' tolerances."""
+    from qla_kernels.gdn import bwd_api
+
+    h_qk, h_v, lens = REV9_CASES[name]
+    x = _stage_inputs(h_qk, h_v, lens, 5)
+    out = {}
+    for rev in ("rev8", "rev11"):
+        monkeypatch.setenv(bwd_api.GRADS_REV_ENV, rev)
+        dv = torch.full_like(x.vf, float("nan"))
+        dq, dk, dbeta, dg = bwd_api.chunk_bwd_grads(x.qf, x.kf, x.vf, x.gf, x.bf, x.af, x.dof, x.states, x.ds_next,
+                                                    x.plan, x.scale, dv)  # fmt: skip
+        out[rev] = {"dq": dq, "dk": dk, "dv": dv, "dbeta": dbeta, "dg": dg}
+    diffs = {n: rel_l2(out["rev11"][n], out["rev8"][n]) for n in out["rev8"]}
+    print(f"\n[stage2 rev11 vs rev8] {name}: rel-L2 " + " ".join(f"{n}={d:.1e}" for n, d in diffs.items()))
+    for n, d in diffs.items():
+        assert not out["rev11"][n].isnan().any(), n
+        assert d <= 1e-3, (n, d)
+
+
 STAGE2_CLUSTER_TIMING = [(16, 32, "1x32768"), (16, 32, "8192x4"), (2, 4, "1x8192")]
 
 
@@ -331,6 +354,9 @@ def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
     probe = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, cluster_probe=True)
     rev9 = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, True, r)
     rev10 = bwd_chunk_grads_kernel(128, 128, scale, dt, threads, False, False, *flags, True, True, r, pair_early=True)
+    from qla_kernels.gdn.bwd.chunk_grads_ws import bwd_chunk_grads_ws_kernel
+
+    rev11 = bwd_chunk_grads_ws_kernel(128, 128, scale, dt)
     gsum = gva_group_sum_kernel(128, dt)
     grouped = (dq_v.view(t * h_qk, r, 128), dk_v.view(t * h_qk, r, 128), dq.view(t * h_qk, 128), dk.view(t * h_qk, 128))
     calls = {
@@ -339,6 +365,7 @@ def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
         "rev8_cluster_launch": lambda: probe(*head, dq_v, dk_v, dbeta, dg, dv),
         "rev9": lambda: rev9(*head, dq, dk, dbeta, dg, dv),
         "rev10": lambda: rev10(*head, dq, dk, dbeta, dg, dv),
+        "rev11": lambda: rev11(*head, dq_v, dk_v, dbeta, dg, dv),
     }
     row: dict = {"h_qk": h_qk, "h_v": h_v, "seqs": mix}
     for name, fn in calls.items():
@@ -349,7 +376,8 @@ def _time_stage2_cluster_config(h_qk: int, h_v: int, mix: str, flusher) -> dict:
 def test_time_stage2_cluster_sum():
     """Where rev 9's time goes (session 20: the backward 0.983x rev 8's on qwen35-bwd): stage 2 rev 8 with and
     without the group-sum kernel, rev 8 launched in 2-CTA clusters with no exchange (cluster_probe), rev 9, rev 10;
-    $OUT/stage2_cluster.json. Not an assertion on speed."""
+    and rev 11 (session 21, two warpgroups at once) beside them; $OUT/stage2_cluster.json. Not an assertion on
+    speed."""
     import json
     import os
 

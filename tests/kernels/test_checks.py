@@ -174,8 +174,9 @@ def test_bwd_grads_revision_from_the_environment(monkeypatch):
     assert resolve_grads_rev() == "rev8"  # rev6's errors, 1.10x its backward (session 19, H100)
     monkeypatch.setenv("QLA_BWD_GRADS", "rev3")
     assert resolve_grads_rev() == "rev3"
-    monkeypatch.setenv("QLA_BWD_GRADS", "rev11")
-    accepted = r"\['rev1', 'rev10', 'rev2', 'rev3', 'rev4', 'rev5', 'rev6', 'rev7', 'rev8', 'rev9'\]"  # sorted as text
+    monkeypatch.setenv("QLA_BWD_GRADS", "rev12")
+    # sorted as text
+    accepted = r"\['rev1', 'rev10', 'rev11', 'rev2', 'rev3', 'rev4', 'rev5', 'rev6', 'rev7', 'rev8', 'rev9'\]"
     with pytest.raises(ValueError, match=r"QLA_BWD_GRADS must be one of " + accepted):
         resolve_grads_rev()
 

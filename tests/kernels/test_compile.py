@@ -283,6 +283,31 @@ def test_bwd_chunk_grads_compiles(rev):
         assert rep.source.count("exp2") <= 4, rep.source.count("exp2")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_bwd_chunk_grads_rev11_compiles(dtype):
+    # rev 11 (bwd/chunk_grads_ws.py): two warpgroups at once; TileLang's cross-warp reductions sync on named
+    # barriers 1 and 2 with a fixed count, so only warpgroup Y (threads 128-255) may reduce across warps, and the
+    # warpgroups' own barriers are 3 (X) and 4 (Y)
+    import re
+
+    from qla_kernels.gdn.bwd.chunk_grads_ws import PASS_CONFIGS, bwd_chunk_grads_ws_program
+
+    rep = build_sm90a(bwd_chunk_grads_ws_program(128, 128, 128**-0.5, dtype), PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert "__launch_bounds__(256, 1)" in rep.source
+    found = re.findall(r"AllReduce<tl::SumOp, (\d+), (\d+), (\d+),", rep.source)
+    reductions = [tuple(int(x) for x in m) for m in found]
+    assert reductions and {offset for _, _, offset in reductions} == {0, 128}
+    for threads, scale, offset in reductions:
+        assert offset == 128 or threads <= 32, (threads, scale, offset)  # X reduces within a warp only
+    assert any(offset == 128 and threads > 32 for threads, _, offset in reductions)  # Y's column sums
+    partial = set(re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", rep.source))
+    assert partial == {("3", "128"), ("4", "128")}, partial
+    assert rep.source.count("tl::tma_load(") >= 6 and rep.source.count(".init(128)") == 3
+
+
 @pytest.mark.parametrize(("ratio", "early"), [(1, False), (2, False), (2, True)])
 def test_bwd_chunk_grads_rev9_compiles(ratio, early):
     # rev 9 (bwd_api's default path at h_v / h_qk = 1, 2): dq and dk leave stage 2 as the GVA group's sums in
