@@ -244,6 +244,7 @@ def bwd_chunk_grads_ws_program(dk: int, dv: int, scale: float, dtype: str):
                     T.copy(ds_next[bc, bh, h * C : h * C + C, 0:dv], dsf)
                     for i, j in T.Parallel(C, dv):
                         ds_sh[h * C + i, j] = T.cast(dsf[i, j], dtype)
+                    for i, j in T.Parallel(C, dv):
                         dsf[i, j] = dsf[i, j] * T.cast(s_sh[h * C + i, j], acc)
                     T.reduce_sum(dsf, red_ds, dim=1)
                     T.copy(red_ds, sds_rows[h * C : h * C + C])
