@@ -85,7 +85,10 @@ CLUSTER_SUM_RATIOS = (1, 2)
 PAIR_EARLY_REVS = ("rev10",)  # bwd_chunk_grads_program's pair_early at ratio 2 (at ratio 1 rev10 is rev9)
 # "rev11" (session 21, bwd/chunk_grads_ws.py): rev 8's math on two warpgroups that run at once, one without dS'
 # (P, W, Vn, dP, dq) and one from dS' (dVn, dv, dAg, the A0 path, dk, dbeta, dg), handing over through mbarriers;
-# its own program (not bwd_chunk_grads_program's flags), per value head like rev 8, always writing dv.
+# its own program (not bwd_chunk_grads_program's flags), per value head like rev 8, always writing dv. On the
+# H100 (session 21) dq, dk, dv equal rev 8's bit for bit and the float64 checks pass, but stage 2 takes 1.7x
+# rev 8's time (no-instruction and long-scoreboard stalls: 155 KB of code, dS' read by the threads) and the
+# backward 0.829x rev 8's over qwen35-bwd: not the default.
 WS_GRADS_REVS = ("rev11",)
 GRADS_REVS = (*GRADS_FLAGS, *WS_GRADS_REVS)
 # How dq and dk per value head (fp32) become the GVA group's sums in q's dtype: "torch" (an fp32 add that

@@ -24,7 +24,13 @@ fixed thread count; two warpgroups reducing at once would meet at the same barri
 runs is over rows of a GEMM accumulator, within a warp. The warpgroups' own barriers are 3 (X) and 4 (Y).
 
 Same inputs and outputs as rev 8 with store_dv (dq, dk per value head in fp32, dbeta, dg fp32, dv in the
-input dtype); the sums run in the same precision, in another order (not bit for bit rev 8's). GPU only.
+input dtype); dq, dk and dv come out bit for bit rev 8's, dbeta and dg to reduction order. GPU only.
+
+Measured on the H100 (session 21, kernels/NOTES.md): correct, but 1.7x rev 8's time (stage 2 at 16/32 x 32768
+4.52 ms against 2.66). Nsight Compute: issue slots 11.7 % busy against 23 %, stalls on instruction fetch (24 %:
+155 KB of code, where each warpgroup's fully unrolled passes over [64, 128] tiles at 128 threads are twice rev
+8's, and the two warpgroups run different code) and on global loads (23 %: dS' read by Y's threads, not by TMA).
+Not the default.
 """
 
 import tilelang
