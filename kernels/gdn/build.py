@@ -29,11 +29,38 @@ class BuildReport:
     # ptxas C7512: "wgmma.mma_async instructions are serialized due to insufficient register resources"
     # (no spill is reported, but every wgmma waits for the previous one: session 12's first ws10 build)
     wgmma_serialized: bool = False
+    # bytes of SASS (the cubin's .text sections): session 21's rev 11 (155 KB against rev 8's 98 KB) lost 24 % of
+    # its issue slots to instruction fetch, so warp-specialised builds need this number as much as registers
+    code_bytes: int = -1
 
     def line(self) -> str:
         return (f"{self.name}: {self.registers} regs, spills {self.spill_stores}/{self.spill_loads} B "
-                f"(st/ld), dyn smem {self.dyn_smem_bytes / 1024:.1f} KiB"
+                f"(st/ld), dyn smem {self.dyn_smem_bytes / 1024:.1f} KiB, code {self.code_bytes / 1024:.0f} KiB"
                 + (", wgmma SERIALIZED (ptxas C7512)" if self.wgmma_serialized else ""))
+
+
+def text_bytes(elf: bytes) -> int:
+    """Total size of the .text.* sections of an ELF64 image (a cubin): the kernels' machine code."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2:
+        raise ValueError("not an ELF64 image")
+    shoff = int.from_bytes(elf[0x28:0x30], "little")
+    shentsize = int.from_bytes(elf[0x3A:0x3C], "little")
+    shnum = int.from_bytes(elf[0x3C:0x3E], "little")
+    shstrndx = int.from_bytes(elf[0x3E:0x40], "little")
+
+    def section(i: int) -> tuple[int, int, int]:  # (name offset, file offset, size)
+        h = elf[shoff + i * shentsize : shoff + (i + 1) * shentsize]
+        return (int.from_bytes(h[0:4], "little"), int.from_bytes(h[24:32], "little"),
+                int.from_bytes(h[32:40], "little"))  # fmt: skip
+
+    names_at = section(shstrndx)[1]
+    total = 0
+    for i in range(shnum):
+        name_off, _, size = section(i)
+        end = elf.index(b"\0", names_at + name_off)
+        if elf[names_at + name_off : end].startswith(b".text."):
+            total += size
+    return total
 
 
 def nvcc_available() -> str | None:
@@ -75,6 +102,10 @@ def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = T
         if fast_math:
             cmd.append("--use_fast_math")
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        code = -1
+        if res.returncode == 0:
+            with open(os.path.join(d, "k.cubin"), "rb") as fh:
+                code = text_bytes(fh.read())
     if res.returncode != 0:
         raise RuntimeError(f"nvcc failed ({res.returncode}):\n{res.stderr[-4000:]}")
     regs = re.search(r"Used (\d+) registers", res.stderr)
@@ -87,6 +118,7 @@ def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = T
         dyn_smem_bytes=smem,
         source=src,
         wgmma_serialized="C7512" in res.stderr,
+        code_bytes=code,
     )
 
 

@@ -306,6 +306,7 @@ def test_bwd_chunk_grads_rev11_compiles(dtype):
     partial = set(re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", rep.source))
     assert partial == {("3", "128"), ("4", "128")}, partial
     assert rep.source.count("tl::tma_load(") >= 6 and rep.source.count(".init(128)") == 3
+    assert rep.code_bytes > 0 and rep.code_bytes % 16 == 0, rep.code_bytes  # SASS: 16-byte instructions
 
 
 @pytest.mark.parametrize(("ratio", "early"), [(1, False), (2, False), (2, True)])
