@@ -33,6 +33,29 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 21 (S21_NCU=1): Nsight Compute on the backward's kernels of FlashQLA and qla, one config
+# ($NCU_HEADS, $NCU_SEQLENS; default 16/32 x 8192), warm (the harness's `kernels --profiler ncu-range` runs the
+# calls inside a profiler range after its numerics check and warm-up): does FlashQLA's fused kernel (155 KB of
+# code, like stage 2 rev 11) lose issue slots to instruction fetch too? Reports' details pages and the
+# warp-stall samples to $dest.
+if [ -n "${S21_NCU:-}" ]; then
+  for b in ${NCU_BACKENDS:-flashqla qla}; do
+    budget=$(left); (( budget < 60 )) && { echo "skip ncu-$b: out of time"; continue; }
+    lim=$(( budget < 240 ? budget : 240 ))
+    timeout -s KILL "$lim" ncu --clock-control none --profile-from-start off --set full \
+      -k "regex:${NCU_KERNELS:-fused_chunk_gdr_bwd|bwd_chunk_grads|bwd_dstate}" -c "${NCU_COUNT:-3}" \
+      -o "$dest/ncu-bwd-$b" python cli.py kernels --heads "${NCU_HEADS:-16/32}" --seqlens "${NCU_SEQLENS:-8192}" \
+      --backends "$b" --mode bwd --calls 1 --profiler ncu-range --out "$dest/kprof-$b" > "$dest/ncu-bwd-$b.log" 2>&1
+    echo "ncu-$b rc=$? t=$(( $(date +%s) - t0 )) s"
+    ncu --import "$dest/ncu-bwd-$b.ncu-rep" --page details > "$dest/ncu-bwd-$b-details.txt" 2>&1
+    ncu --import "$dest/ncu-bwd-$b.ncu-rep" --page raw --csv \
+      --metrics "regex:smsp__pcsamp_warps_issue_stalled_.*,sm__cycles_elapsed.avg,smsp__inst_executed.sum" \
+      > "$dest/ncu-bwd-$b-stalls.csv" 2>&1
+    rm -f "$dest/ncu-bwd-$b.ncu-rep"  # megabytes each: the two text pages are what comes back
+  done
+  exit 0
+fi
+
 # Session 19, calls 3-5 (S19_REV7=1): a stage 2 revision against the default: the float64 checks of the whole
 # backward (plain and CP) with NEW set, the group sum against torch's, stage 2's phases (PHASE_REVS), every
 # kernel of the backward with NEW, then the harness's qwen35-bwd rows (qla, 32 configs) for the default and NEW.

@@ -72,6 +72,38 @@ def per_call(total: dict[str, tuple[int, float]], calls: int) -> list[KernelTime
     return sorted(rows, key=lambda r: -r.us_per_call)
 
 
+PROFILERS = ("torch", "ncu-range")  # who records the kernels: torch.profiler here, or Nsight Compute around us
+
+
+def run_in_profiler_range(
+    fn: Callable[[], object],
+    calls: int,
+    flush: Callable[[], object] | None = None,
+    warmup: int = 3,
+    start: Callable[[], object] | None = None,
+    stop: Callable[[], object] | None = None,
+) -> None:
+    """`warmup` plain calls (compiles, autotunes, caches), then `calls` calls between cudaProfilerStart and
+    cudaProfilerStop, the flush before each: what `ncu --profile-from-start off` records, so a library's
+    kernels are profiled warm and alone (ncu's own -k/-c pick which). start/stop are stand-ins in tests."""
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    if start is None or stop is None:
+        cudart = torch.cuda.cudart()
+        start, stop = cudart.cudaProfilerStart, cudart.cudaProfilerStop
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()  # nothing of the warm-up may fall inside the range
+    start()
+    for _ in range(calls):
+        if flush is not None:
+            flush()
+        fn()
+    sync()
+    stop()
+
+
 def cuda_activities(
     fn: Callable[[], object], calls: int, between: Callable[[], object] | None = None
 ) -> list[Activity]:

@@ -192,15 +192,21 @@ class BackendSession:
             raise RuntimeError(f"{self.backend.name} is not CUDA-graph capturable")
         return time_callable(fn, timer, reps, self.device, flusher).samples_ms
 
-    def kernels(self, calls: int, warmup: int = 3) -> list[dict]:
+    def kernels(self, calls: int, warmup: int = 3, profiler: str = "torch") -> list[dict]:
         """Per kernel of one call of the prepared backend: launches and device us (kernel_profile), with the
-        L2 flushed between calls when the session runs cold."""
+        L2 flushed between calls when the session runs cold. profiler "ncu-range" instead runs the calls inside
+        a CUDA profiler range for Nsight Compute outside the process to record, and returns no rows."""
         if self.prepared is None:
             raise RuntimeError("kernels() before a passing setup()")
         if self.device.type != "cuda":
             raise RuntimeError("kernel profiles need a CUDA device (torch.profiler's CUDA activities)")
-        from .kernel_profile import profile_calls
+        from .kernel_profile import PROFILERS, profile_calls, run_in_profiler_range
 
+        if profiler not in PROFILERS:
+            raise ValueError(f"profiler must be one of {', '.join(PROFILERS)}, got {profiler!r}")
+        if profiler == "ncu-range":
+            run_in_profiler_range(self.prepared.run, calls, self._cold_flusher(), warmup)
+            return []
         return [k.as_dict() for k in profile_calls(self.prepared.run, calls, self._cold_flusher(), warmup)]
 
     def _cold_flusher(self) -> L2Flusher | None:

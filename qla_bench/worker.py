@@ -204,8 +204,8 @@ class IsolatedSession:
     def sample(self, timer: str, reps: int) -> list[float]:
         return self._request("sample", timer, reps)
 
-    def kernels(self, calls: int) -> list[dict]:
-        return self._request("kernels", calls)
+    def kernels(self, calls: int, profiler: str = "torch") -> list[dict]:
+        return self._request("kernels", calls, 3, profiler)
 
     def teardown(self) -> None:
         with contextlib.suppress(WorkerFailure, RuntimeError):

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 
 from qla_bench.cli import main, register_commands
 from qla_bench.cli.kernels_cmd import kernel_table, profile_file
-from qla_bench.kernel_profile import per_call, profile_calls, short_name, subtract, totals
+from qla_bench.kernel_profile import per_call, profile_calls, run_in_profiler_range, short_name, subtract, totals
 from qla_bench.session import BackendSession
 from qla_bench.workload import HeadConfig, Workload
 
@@ -123,3 +124,26 @@ def test_session_kernels_needs_a_passing_setup_and_cuda():
     assert session.setup(wl, "fwd", wl.seed()).status == "PASSED"
     with pytest.raises(RuntimeError, match="CUDA device"):
         session.kernels(2)
+
+
+def test_profiler_range_runs_warm_calls_outside_and_flushes_inside():
+    events = []
+    run_in_profiler_range(lambda: events.append("call"), calls=2, flush=lambda: events.append("flush"), warmup=2,
+                          start=lambda: events.append("start"), stop=lambda: events.append("stop"))  # fmt: skip
+    assert events == ["call", "call", "start", "flush", "call", "flush", "call", "stop"]
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        run_in_profiler_range(lambda: None, calls=0, start=lambda: None, stop=lambda: None)
+
+
+def test_cli_refuses_an_unknown_profiler(capsys):
+    code, err = _main_exit(["kernels", "--heads", "16/64", "--seqlens", "8192x4", "--profiler", "nsys"], capsys)
+    assert code == 3 and "--profiler" in err and "torch, ncu-range" in err
+
+
+def test_session_kernels_checks_the_profiler_name(monkeypatch):
+    session = BackendSession("torch", "cpu")
+    wl = Workload(HeadConfig(1, 2), (70,))
+    assert session.setup(wl, "fwd", wl.seed()).status == "PASSED"
+    monkeypatch.setattr(session, "device", torch.device("cuda"))  # past the device guard, before any CUDA call
+    with pytest.raises(ValueError, match="profiler must be one of torch, ncu-range"):
+        session.kernels(2, profiler="nsys")

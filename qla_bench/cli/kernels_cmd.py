@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..backends import parse_backends
 from ..errors import UsageError
+from ..kernel_profile import PROFILERS
 from ..paths import apply_cache_dir, results_dir
 from ..provenance import CPU_GPU_NAME, device_info, git_sha, resolve_gpu
 from ..rows import Status
@@ -30,12 +31,14 @@ def profile_file(out_dir: Path, mode: str, backend: str, wl: Workload) -> Path:
     return out_dir / f"{mode}-{backend}-h{wl.heads.h_qk}x{wl.heads.h_v}-{label}.json"
 
 
-def validate_options(mode: str, calls: int) -> None:
-    """Refuse a bad --mode or --calls before any backend starts."""
+def validate_options(mode: str, calls: int, profiler: str = "torch") -> None:
+    """Refuse a bad --mode, --calls or --profiler before any backend starts."""
     if mode not in MODES:
         raise UsageError("--mode", f"unknown mode {mode!r}", ", ".join(MODES))
     if calls < 1:
         raise UsageError("--calls", f"must be >= 1, got {calls}")
+    if profiler not in PROFILERS:
+        raise UsageError("--profiler", f"unknown profiler {profiler!r}", ", ".join(PROFILERS))
 
 
 def kernel_table(title: str, results: dict[str, dict]) -> Table:
@@ -67,11 +70,17 @@ def kernels_cmd(
     out: Path = typer.Option(None, "--out", "-o", help="Folder for the JSON files (default results/<GPU>/kernels)."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds a backend may take for one request."),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Root of the TileLang/Triton/FlashInfer caches."),
+    profiler: str = typer.Option(
+        "torch",
+        "--profiler",
+        help="torch (torch.profiler: the kernel table) or ncu-range (the calls inside a CUDA profiler range, for "
+        "`ncu --profile-from-start off ... qla-bench kernels --profiler ncu-range` to record; no table).",
+    ),
 ) -> None:
     """Per backend and config: numerics against float64 first, then every kernel one call launches, with its
-    launches and device time per call (torch.profiler). A development reading: the sweeps' timers give the
-    numbers results/ holds."""
-    validate_options(mode, calls)
+    launches and device time per call (torch.profiler), or the calls inside a profiler range for Nsight Compute
+    (--profiler ncu-range). A development reading: the sweeps' timers give the numbers results/ holds."""
+    validate_options(mode, calls, profiler)
     name = resolve_gpu(gpu)
     if name == CPU_GPU_NAME:
         raise UsageError("--gpu", "kernel profiles need a CUDA GPU (torch.profiler's CUDA activities); none is "
@@ -91,8 +100,9 @@ def kernels_cmd(
                 wl = point.workload
                 err_console.print(f"[dim]{backend} h{wl.heads.h_qk}/{wl.heads.h_v} {wl.label}: check, then "
                                   f"{calls} profiled calls[/]")  # fmt: skip
-                res = profile_one(session, wl, mode, calls)
+                res = profile_one(session, wl, mode, calls, profiler)
                 res.update(backend=backend, mode=mode, workload=wl.as_dict(), calls=calls, cold_l2=not warm_l2,
+                           profiler=profiler,
                            gpu=name, device=device, git_sha=sha,
                            timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))  # fmt: skip
                 path = profile_file(out_dir, mode, backend, wl)
@@ -100,23 +110,26 @@ def kernels_cmd(
                 by_config.setdefault(f"{mode} h{wl.heads.h_qk}/{wl.heads.h_v} {wl.label}", {})[backend] = res
         finally:
             session.close()
-    for title, results in by_config.items():
-        console.print(kernel_table(title, results))
+    if profiler == "ncu-range":
+        err_console.print("[dim]--profiler ncu-range: the kernels are in Nsight Compute's report, not here[/]")
+    else:
+        for title, results in by_config.items():
+            console.print(kernel_table(title, results))
     err_console.print(f"[dim]wrote {out_dir}/; {time.perf_counter() - started:.1f} s[/]")
 
 
-def profile_one(session, wl: Workload, mode: str, calls: int) -> dict:
+def profile_one(session, wl: Workload, mode: str, calls: int, profiler: str = "torch") -> dict:
     """setup() (the numerics check) on the workload's seed, then the kernel profile if it passed."""
     setup = session.setup(wl, mode, wl.seed())
     res = {"status": setup.status, "reason": setup.reason, "rel_l2": setup.rel_l2, "versions": setup.versions,
            "env_flags": setup.env_flags, "kernels": [], "gpu_us_per_call": None}  # fmt: skip
     if setup.status == Status.PASSED.value:
         try:
-            kernels = session.kernels(calls)
+            kernels = session.kernels(calls, profiler)
         except Exception as exc:  # a profile that fails is a row with its reason, not the end of the run
             res.update(status=Status.ERROR.value, reason=f"profile: {type(exc).__name__}: {exc}"[:300])
         else:
             res["kernels"] = kernels
-            res["gpu_us_per_call"] = round(sum(k["us_per_call"] for k in kernels), 3)
+            res["gpu_us_per_call"] = round(sum(k["us_per_call"] for k in kernels), 3) if kernels else None
     session.teardown()
     return res
