@@ -25,7 +25,7 @@ import tilelang
 import tilelang.language as T
 
 from ..fwd.fused_fwd import CHUNK, LOG2E, PASS_CONFIGS
-from .tl_common import build_helpers
+from .tl_common import build_helpers, gamma_of
 
 # Profile build (profile=True): thread 0 of every CTA stamps clock64 after a barrier at these points,
 # into prof [num_chunks * H_v, len(PROFILE_STAMPS)] int64; consecutive differences are the phases.
@@ -141,10 +141,6 @@ def bwd_chunk_grads_program(
         else:
             T.reduce_sum(src, tmp, dim=dim)
             T.copy(tmp, out)
-
-    def gamma_of(g_sh, i, j):
-        """Gamma_ij = exp(g_i - g_j) on i >= j, else 0."""
-        return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
 
     def gamma(g_sh, gam, i, j):
         """Gamma_ij: read from the CTA's fragment (rev 7) or recomputed at each use."""

@@ -37,6 +37,7 @@ import tilelang
 import tilelang.language as T
 
 from ..fwd.fused_fwd import CHUNK, LOG2E, PASS_CONFIGS
+from .tl_common import gamma_of
 
 WG = 128
 BAR_X = 3  # named barrier of warpgroup X (TileLang's reductions use 1 and 2)
@@ -55,10 +56,6 @@ def bwd_chunk_grads_ws_program(dk: int, dv: int, scale: float, dtype: str):
     ns = T.dynamic("num_seqs_p1")
     nc = T.dynamic("num_chunks")
     acc = "float32"
-
-    def gamma_of(g_sh, i, j):
-        """Gamma_ij = exp(g_i - g_j) on i >= j, else 0."""
-        return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
 
     @T.prim_func
     def bwd_chunk_grads_ws(

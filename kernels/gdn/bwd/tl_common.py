@@ -7,7 +7,14 @@ a machine without a GPU; the GPU build is unchanged by it.
 
 import tilelang.language as T
 
+from ..fwd.fused_fwd import LOG2E
+
 ACC = "float32"
+
+
+def gamma_of(g_sh, i, j):
+    """Gamma_ij = exp(g_i - g_j) on i >= j, else 0 (g_sh: the chunk-local log-gate cumsum)."""
+    return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
 
 
 def build_helpers(cpu_debug: bool):
