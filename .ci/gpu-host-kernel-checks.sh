@@ -33,6 +33,24 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 22 (S22_OVERLAP=1): stage 0 beside stage 1 ($QLA_BWD_OVERLAP, off by default until this runs): its
+# bit-equality test (plain and CP, eager and from a captured CUDA graph), then the harness's qwen35-bwd rows with
+# the overlap on and off, one after the other, on $OVERLAP_HEADS (default: the few-head configs where the two
+# stages leave SMs idle; all four for the whole sweep's answer).
+if [ -n "${S22_OVERLAP:-}" ]; then
+  step overlap-test 100 tests/gpu/test_qla_bwd_cp.py -k beside
+  for v in 1 0; do
+    budget=$(left); (( budget < 40 )) && { echo "skip bwd-overlap$v: out of time"; continue; }
+    lim=$(( budget < 200 ? budget : 200 ))
+    rows=$(mktemp -d /tmp/bwd-ov$v-XXXX)
+    QLA_BWD_OVERLAP=$v timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
+      --heads "${OVERLAP_HEADS:-2/4,4/8,8/16}" --timers events --out "$rows" --no-report > "$dest/bwd-overlap$v.log" 2>&1
+    echo "bwd-overlap$v rc=$? t=$(( $(date +%s) - t0 )) s"
+    cat "$rows"/*.jsonl > "$dest/bwd-overlap$v.jsonl" 2>/dev/null
+  done
+  exit 0
+fi
+
 # Session 21 (S21_NCU=1): Nsight Compute on the backward's kernels of FlashQLA and qla, one config
 # ($NCU_HEADS, $NCU_SEQLENS; default 16/32 x 8192), warm (the harness's `kernels --profiler ncu-range` runs the
 # calls inside a profiler range after its numerics check and warm-up): does FlashQLA's fused kernel (155 KB of

@@ -12,6 +12,9 @@ uses this on CUDA ($QLA_BWD_IMPL=torch selects the specification instead).
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -125,6 +128,16 @@ DEFAULT_STATES_IMPL = "ws5"
 
 # Context parallelism for stages 0 and 1 (gdn/cp_bwd.py), decided by bwd_cp_plan's model ($QLA_BWD_CP=0: off).
 BWD_CP_ENV = "QLA_BWD_CP"
+
+# Stage 0 beside stage 1 (session 22): the state store reads nothing stage 1 writes and stage 1 reads no state,
+# and on few sequences or heads each leaves most SMs idle (H200, 16/32 x 32768: stage 0 128 CTAs for 0.86 ms,
+# stage 1's chain 128 for 1.67 ms; 4/8 x 32768 in two sequences: 64 and 64). "1" (the default) runs stage 0
+# on a side stream forked from the caller's stream and joined before stage 2; "0" runs the stages in turn. Off by
+# default until it has run on a GPU: tests/gpu/test_qla_bwd_cp.py::test_stage0_beside_stage1_equals_in_turn (bit
+# equality, eager and from a captured graph) and a qwen35-bwd A/B (NOTES.md, session 22) decide the default.
+BWD_OVERLAP_ENV = "QLA_BWD_OVERLAP"
+DEFAULT_BWD_OVERLAP = False
+_side_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def choose_block_v_dstate(plan: ChunkPlan, h_v: int, num_sms: int) -> int:
@@ -264,6 +277,57 @@ def resolve_bwd_cp() -> bool:
     return env_switch_on(BWD_CP_ENV)
 
 
+def resolve_bwd_overlap() -> bool:
+    """Stage 0 on a side stream, beside stage 1? $QLA_BWD_OVERLAP "1" yes, "0" no, unset DEFAULT_BWD_OVERLAP;
+    anything else a ValueError naming the choices."""
+    value = os.environ.get(BWD_OVERLAP_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${BWD_OVERLAP_ENV} must be '0' or '1' (or unset: {int(DEFAULT_BWD_OVERLAP)}), got {value!r}")
+    return DEFAULT_BWD_OVERLAP if value == "" else value == "1"
+
+
+def _stage0_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The side stream stage 0 runs on (one per device, made once), or None where the overlap is off."""
+    if not resolve_bwd_overlap():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _side_streams:
+        _side_streams[index] = torch.cuda.Stream(device=index)
+    return _side_streams[index]
+
+
+def _fork(side: torch.cuda.Stream | None) -> None:
+    """`side` waits for all the caller's stream has queued so far (no-op for None). Taken before stage 1 is
+    queued and stage 0 launched on `side` after it: stage 1's first kernel (dvl_wk, every chunk at once) then
+    gets the SMs first and stage 0's CTAs take those it leaves, beside the chain. Under CUDA graph capture the
+    fork and the join become graph edges."""
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(side.device))
+
+
+@contextlib.contextmanager
+def _on(side: torch.cuda.Stream | None, *borrowed: torch.Tensor) -> Iterator[None]:
+    """Launch the block's kernels on `side` (None: on the caller's stream). Tensors in `borrowed` come from the
+    caller's stream and may be freed before the join: their memory is kept from reuse until side's work is done."""
+    if side is None:
+        yield
+        return
+    for t in borrowed:
+        t.record_stream(side)
+    with torch.cuda.stream(side):
+        yield
+
+
+def _join(side: torch.cuda.Stream | None, *made_on_side: torch.Tensor) -> None:
+    """The caller's stream waits for `side`'s work; tensors `side` allocated are then used on the caller's."""
+    if side is None:
+        return
+    main = torch.cuda.current_stream(side.device)
+    main.wait_stream(side)
+    for t in made_on_side:
+        t.record_stream(main)
+
+
 def _bwd_cp_plan(
     plan: ChunkPlan, h_v: int, device: torch.device, cp: bool | None, cp_piece: int | None
 ) -> CPPlan | None:
@@ -295,8 +359,11 @@ def _dvl_wk(qf, kf, gf, bf, af, dof, plan: ChunkPlan, scale: float) -> tuple[tor
     return dvl, wk
 
 
-def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, cpp: CPPlan, scale: float):
-    """Stages 0 and 1 over CP's pieces (gdn/cp_bwd.py): (states, DStateOutput), as the plain stages give."""
+def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, cpp: CPPlan, scale: float,
+                          side: torch.cuda.Stream | None = None):
+    """Stages 0 and 1 over CP's pieces (gdn/cp_bwd.py): (states, DStateOutput), as the plain stages give. With a
+    side stream, stage 0's walk over the pieces (after the state pass and combine) runs on it, beside stage 1:
+    the caller joins it before reading states."""
     from .bwd.dstate_chain import bwd_dstate_kernel
     from .cp_bwd import dstate_cp, states_cp
 
@@ -305,10 +372,16 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     combine_fn = _combine_kernel if resolve_cp_combine() == "kernel" else None
     states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
 
+    walks: list[tuple[torch.Tensor, torch.Tensor]] = []
+
     def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
-        _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+        if side is None:
+            _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+        else:  # launched on the side stream once stage 1 is queued
+            walks.append((cu, init))
 
     hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
+    _fork(side)  # after the state pass and the combine: the walk's init is ready
 
     dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
     bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm, _step_rev())
@@ -323,6 +396,9 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
         return ds_next, starts
 
     ds, dh0 = dstate_cp(cpp, hm, dht.contiguous() if dht is not None else None, chain, combine_fn)
+    for cu, init in walks:
+        with _on(side, init):  # init (the combine's, on the caller's stream) is dropped before the join
+            _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
     return states, DStateOutput(ds_next=ds, dv=None, dh0=dh0)
 
 
@@ -450,6 +526,7 @@ def chunk_gated_delta_rule_bwd(
     dbeta, dg [B,T,H_v] fp32 (dg of the raw log gate), dh0 [N,H_v,K,V] fp32 or None without h0).
     cp (default: on unless $QLA_BWD_CP is "0") runs stages 0 and 1 piece-parallel (gdn/cp_bwd.py) where
     bwd_cp_plan's cost model predicts a gain, or always, in pieces of cp_piece chunks, when given.
+    $QLA_BWD_OVERLAP=1 runs stage 0 on a side stream beside stage 1 (same kernels, same results; off by default).
     """
     shape = _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens)
     b, t, h_qk, h_v = shape.batch, shape.seqlen, shape.h_qk, shape.h_v
@@ -462,11 +539,17 @@ def chunk_gated_delta_rule_bwd(
     gf, bf = (pack_tokens(x).float() for x in (g_cumsum, beta))
 
     cpp = _bwd_cp_plan(plan, h_v, q.device, cp, cp_piece)
+    side = _stage0_stream(q.device)  # stage 0 beside stage 1 (None: in turn)
     if cpp is None:
-        states = chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale)
+        _fork(side)
         stage1 = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, None)
+        with _on(side):
+            states = chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale)
+        _join(side, states)
     else:
-        states, stage1 = _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, cpp, scale)
+        states, stage1 = _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, cpp, scale,
+                                               side)  # fmt: skip
+        _join(side)  # states were allocated on the caller's stream
     dv = torch.empty_like(vf) if stage1.dv is None else None  # then stage 2 writes it, in v's dtype
     summed = grads_sum_groups(resolve_grads_rev(), h_v // h_qk)  # rev 9: stage 2 writes the group's sums
     dq, dk, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale, dv, summed)

@@ -128,6 +128,7 @@ class QlaBackend(Backend):
             ratios = ", ".join(str(r) for r in bwd_api.CLUSTER_SUM_RATIOS)
             flags["qla_bwd_group_sum"] += f" (only at h_v / h_qk not in {ratios}: stage 2 {grads} sums the group)"
         flags["qla_bwd_cp"] = "on (bwd_cp_plan decides)" if bwd_api.resolve_bwd_cp() else "off"
+        flags["qla_bwd_overlap"] = "stage 0 beside stage 1" if bwd_api.resolve_bwd_overlap() else "off"
         return flags
 
 

@@ -50,7 +50,8 @@ def _install(install_module, calls):
 def test_modes_and_flags(monkeypatch):
     pytest.importorskip("qla_kernels.gdn.api")
     for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE", "QLA_CP_COMBINE_REV", "QLA_CP_COMBINE_BV",
-                "QLA_CP_COMBINE_THREADS", "QLA_BWD_CP", "QLA_BWD_GRADS", "QLA_BWD_GROUP_SUM"):  # fmt: skip
+                "QLA_CP_COMBINE_THREADS", "QLA_BWD_CP", "QLA_BWD_GRADS", "QLA_BWD_GROUP_SUM",
+                "QLA_BWD_OVERLAP"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     b = QlaBackend()
     assert b.modes == ("fwd", "bwd", "train")
@@ -83,6 +84,9 @@ def test_modes_and_flags(monkeypatch):
     assert b.env_flags()["qla_bwd_cp"].startswith("on")
     monkeypatch.setenv("QLA_BWD_CP", "0")
     assert b.env_flags()["qla_bwd_cp"] == "off"
+    assert flags["qla_bwd_overlap"] == "off"
+    monkeypatch.setenv("QLA_BWD_OVERLAP", "1")
+    assert b.env_flags()["qla_bwd_overlap"] == "stage 0 beside stage 1"
 
 
 def test_bwd_and_train_map_the_six_gradients(make_inputs, naive_gdn_grads, install_module):
