@@ -131,10 +131,11 @@ BWD_CP_ENV = "QLA_BWD_CP"
 
 # Stage 0 beside stage 1 (session 22): the state store reads nothing stage 1 writes and stage 1 reads no state,
 # and on few sequences or heads each leaves most SMs idle (H200, 16/32 x 32768: stage 0 128 CTAs for 0.86 ms,
-# stage 1's chain 128 for 1.67 ms; 4/8 x 32768 in two sequences: 64 and 64). "1" (the default) runs stage 0
-# on a side stream forked from the caller's stream and joined before stage 2; "0" runs the stages in turn. Off by
-# default until it has run on a GPU: tests/gpu/test_qla_bwd_cp.py::test_stage0_beside_stage1_equals_in_turn (bit
-# equality, eager and from a captured graph) and a qwen35-bwd A/B (NOTES.md, session 22) decide the default.
+# stage 1's chain 128 for 1.67 ms; 4/8 x 32768 in two sequences: 64 and 64). "1" runs stage 0 on a side stream
+# forked from the caller's stream and joined before stage 2; "0" runs the stages in turn. Off by default
+# (DEFAULT_BWD_OVERLAP) until it has run on a GPU: tests/gpu/test_qla_bwd_cp.py's
+# test_stage0_beside_stage1_equals_in_turn (bit equality, eager and from a captured graph) and a qwen35-bwd A/B
+# (NOTES.md, session 22) decide the default. Its cost: stage 0's scratch (o, ht) lives in the side stream's cache.
 BWD_OVERLAP_ENV = "QLA_BWD_OVERLAP"
 DEFAULT_BWD_OVERLAP = False
 _side_streams: dict[int, torch.cuda.Stream] = {}
@@ -287,7 +288,9 @@ def resolve_bwd_overlap() -> bool:
 
 
 def _stage0_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The side stream stage 0 runs on (one per device, made once), or None where the overlap is off."""
+    """The side stream stage 0 runs on (one per device, made once), or None where the overlap is off. torch
+    hands it out of its pool of streams: should it be the caller's own stream, the stages run in turn, still
+    correct."""
     if not resolve_bwd_overlap():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -306,26 +309,22 @@ def _fork(side: torch.cuda.Stream | None) -> None:
 
 
 @contextlib.contextmanager
-def _on(side: torch.cuda.Stream | None, *borrowed: torch.Tensor) -> Iterator[None]:
-    """Launch the block's kernels on `side` (None: on the caller's stream). Tensors in `borrowed` come from the
-    caller's stream and may be freed before the join: their memory is kept from reuse until side's work is done."""
+def _on(side: torch.cuda.Stream | None) -> Iterator[None]:
+    """Launch the block's kernels on `side` (None: on the caller's stream). Every tensor they touch must stay
+    referenced until the join (then the caller's stream orders any reuse of its memory after side's work), and
+    the outputs are allocated on the caller's stream (so their memory returns to its cache, graph capture
+    included)."""
     if side is None:
         yield
         return
-    for t in borrowed:
-        t.record_stream(side)
     with torch.cuda.stream(side):
         yield
 
 
-def _join(side: torch.cuda.Stream | None, *made_on_side: torch.Tensor) -> None:
-    """The caller's stream waits for `side`'s work; tensors `side` allocated are then used on the caller's."""
-    if side is None:
-        return
-    main = torch.cuda.current_stream(side.device)
-    main.wait_stream(side)
-    for t in made_on_side:
-        t.record_stream(main)
+def _join(side: torch.cuda.Stream | None) -> None:
+    """The caller's stream waits for all `side` has queued (no-op for None)."""
+    if side is not None:
+        torch.cuda.current_stream(side.device).wait_stream(side)
 
 
 def _bwd_cp_plan(
@@ -362,8 +361,8 @@ def _dvl_wk(qf, kf, gf, bf, af, dof, plan: ChunkPlan, scale: float) -> tuple[tor
 def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, cpp: CPPlan, scale: float,
                           side: torch.cuda.Stream | None = None):
     """Stages 0 and 1 over CP's pieces (gdn/cp_bwd.py): (states, DStateOutput), as the plain stages give. With a
-    side stream, stage 0's walk over the pieces (after the state pass and combine) runs on it, beside stage 1:
-    the caller joins it before reading states."""
+    side stream, stage 0's walk over the pieces (after the state pass and combine) runs on it, beside stage 1,
+    joined before this returns."""
     from .bwd.dstate_chain import bwd_dstate_kernel
     from .cp_bwd import dstate_cp, states_cp
 
@@ -381,7 +380,6 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
             walks.append((cu, init))
 
     hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
-    _fork(side)  # after the state pass and the combine: the walk's init is ready
 
     dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
     bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm, _step_rev())
@@ -395,10 +393,14 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
         kernel(qf, kf, gf, dof, dvl, wk, ends_, cpp.cu_seqlens, cpp.chunk_offsets, ds_next, starts)
         return ds_next, starts
 
-    ds, dh0 = dstate_cp(cpp, hm, dht.contiguous() if dht is not None else None, chain, combine_fn)
-    for cu, init in walks:
-        with _on(side, init):  # init (the combine's, on the caller's stream) is dropped before the join
-            _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+    _fork(side)  # after the combine (the walk's init) and dvl_wk (every chunk at once: it has the SMs first)
+    try:
+        ds, dh0 = dstate_cp(cpp, hm, dht.contiguous() if dht is not None else None, chain, combine_fn)
+        for cu, init in walks:  # init (the combine's) stays referenced in walks until the join
+            with _on(side):
+                _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+    finally:  # joined even on an error: an unjoined side stream would end a graph capture with its own error
+        _join(side)
     return states, DStateOutput(ds_next=ds, dv=None, dh0=dh0)
 
 
@@ -417,10 +419,13 @@ def _store_states(qf, kf, vf, gf, bf, af, h0, cu, chunk_offsets, n: int, scale: 
     kernel(qf, kf, vf, gf, bf, af, h0_, cu, o, ht, chunk_offsets, states)
 
 
-def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float) -> torch.Tensor:
-    """States at every chunk start [num_chunks,H_v,K,V] in q's dtype, from packed [1,T,...] inputs (stage 0)."""
+def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float,
+                 states: torch.Tensor | None = None) -> torch.Tensor:
+    """States at every chunk start [num_chunks,H_v,K,V] in q's dtype, from packed [1,T,...] inputs (stage 0),
+    into `states` when given (allocated by the caller, e.g. on its own stream before a fork)."""
     h_v = vf.shape[2]
-    states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
+    if states is None:
+        states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
     if resolve_states_impl() == "ws5":
         _store_states(qf, kf, vf, gf, bf, af, h0, plan.cu_seqlens, plan.chunk_offsets, plan.num_seqs, scale, states)
         return states
@@ -541,15 +546,17 @@ def chunk_gated_delta_rule_bwd(
     cpp = _bwd_cp_plan(plan, h_v, q.device, cp, cp_piece)
     side = _stage0_stream(q.device)  # stage 0 beside stage 1 (None: in turn)
     if cpp is None:
+        states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
         _fork(side)
-        stage1 = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, None)
-        with _on(side):
-            states = chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale)
-        _join(side, states)
+        try:
+            stage1 = _dstate_packed(qf, kf, gf, bf, af, dof, dht, plan, scale, None)
+            with _on(side):
+                chunk_states(qf, kf, vf, gf, bf, af, initial_state, plan, scale, states)
+        finally:  # joined even on an error: an unjoined side stream would end a graph capture with its own error
+            _join(side)
     else:
         states, stage1 = _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, cpp, scale,
                                                side)  # fmt: skip
-        _join(side)  # states were allocated on the caller's stream
     dv = torch.empty_like(vf) if stage1.dv is None else None  # then stage 2 writes it, in v's dtype
     summed = grads_sum_groups(resolve_grads_rev(), h_v // h_qk)  # rev 9: stage 2 writes the group's sums
     dq, dk, dbeta, dg = chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, stage1.ds_next, plan, scale, dv, summed)

@@ -80,10 +80,12 @@ def test_bwd_cp_matches_float64_and_plain(name):
 
 @pytest.mark.parametrize("name", ["gva4_1x4096_p8", "gva3_ragged_1000+3096_p4"])
 def test_stage0_beside_stage1_equals_in_turn(name, monkeypatch):
-    """$QLA_BWD_OVERLAP (stage 0 on a side stream beside stage 1, the default) changes no launch's inputs, so
-    every gradient must equal the in-turn backward's bit for bit, plain and with CP, eager and replayed from a
-    CUDA graph captured with the side stream (the harness's graph timer captures it so); a missing fork or join
-    would read states or init before they are written. Repeated calls reuse the side stream's freed memory."""
+    """$QLA_BWD_OVERLAP=1 (stage 0 on a side stream beside stage 1) changes no launch's inputs, so every gradient
+    must equal the in-turn backward's bit for bit, plain and with CP, eager and replayed from a CUDA graph
+    captured with the side stream (the harness's graph timer captures it so). Each stage-0 launch is delayed by
+    a ~50 ms spin on its stream, so a missing join would let stage 2 read states not yet written (NaN-filled
+    first) and a missing fork would let stage 0 read inputs not yet written; the wrapper also checks that stage
+    0 really launches on the side stream."""
     b, t, h_qk, h_v, cu_list, piece = CASES[name]
     n = b if cu_list is None else len(cu_list) - 1
     (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, seed=zlib.crc32(name.encode()) % 1000, n=n)
@@ -92,19 +94,32 @@ def test_stage0_beside_stage1_equals_in_turn(name, monkeypatch):
     do = torch.randn(v.shape, generator=gen, device="cuda").to(v.dtype)
     dht = torch.randn(n, h_v, 128, 128, generator=gen, device="cuda")
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    store = bwd_api._store_states
+    on_side = []
+
+    def delayed_store(*args):
+        side = bwd_api._side_streams.get(torch.cuda.current_device())
+        on_side.append(side is not None and torch.cuda.current_stream() == side)
+        args[-1].fill_(float("nan"))  # states: a stage 2 reading them before the store ends sees NaN
+        torch.cuda._sleep(100_000_000)  # ~50 ms at ~2 GHz, on the stream the store is about to use
+        store(*args)
+
+    monkeypatch.setattr(bwd_api, "_store_states", delayed_store)
     for cp in ({"cp": False}, {"cp": True, "cp_piece": piece}):
         monkeypatch.setenv(bwd_api.BWD_OVERLAP_ENV, "0")
         in_turn = _bwd(fwd, q, k, v, beta, do, dht, s0, cu, **cp)
         monkeypatch.setenv(bwd_api.BWD_OVERLAP_ENV, "1")
+        on_side.clear()
         for _ in range(3):
             beside = _bwd(fwd, q, k, v, beta, do, dht, s0, cu, **cp)
             for x in in_turn:
                 assert torch.equal(beside[x], in_turn[x]), (cp, x)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture, as torch asks
+        assert on_side and all(on_side), (cp, on_side)
+        warm = torch.cuda.Stream()
+        warm.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm):  # warm-up off the capture, as torch asks
             _bwd(fwd, q, k, v, beta, do, dht, s0, cu, **cp)
-        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.current_stream().wait_stream(warm)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured = _bwd(fwd, q, k, v, beta, do, dht, s0, cu, **cp)
