@@ -80,7 +80,8 @@ fi
 # Call 3/4: NEW="QLA_BWD_GRADS=rev7 QLA_BWD_GROUP_SUM=kernel" (then the defaults); call 5: NEW=QLA_BWD_GRADS=rev8.
 # Session 20: NEW=QLA_BWD_GRADS=rev9 PHASE_REVS=none (rev 9's profile build is rev 8's) adds the stage 2 rev 9
 # equality test to the checks; NEW=QLA_BWD_DSTATE=rev5 runs stage 1 rev 5 the same way. Session 21:
-# NEW=QLA_BWD_GRADS=rev11 PHASE_REVS=none (rev 11 has no profile build) adds its comparison with rev 8.
+# NEW=QLA_BWD_GRADS=rev11 PHASE_REVS=none (rev 11 has no profile build) adds its comparison with rev 8. Session 22:
+# NEW=QLA_BWD_GRADS=rev12 (or rev13) PHASE_REVS=none: stage 2 with FlashQLA's GEMM savings (no profile build).
 if [ -n "${S19_REV7:-}" ]; then
   NEW=${NEW:-QLA_BWD_GRADS=rev8}
   STEP_ENV=$NEW step bwd-new-check 200 tests/gpu/test_qla_bwd.py \

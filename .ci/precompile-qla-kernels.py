@@ -26,7 +26,7 @@ SCALE = HEAD_DIM**-0.5
 def variants() -> list[tuple[str, str, tuple]]:
     """(label, factory, args) for what the forward and backward APIs and the GPU tests launch in bf16."""
     from qla_kernels.gdn.api import KKT_IMPLS, agb_kkt_args
-    from qla_kernels.gdn.bwd_api import CLUSTER_SUM_REVS, GRADS_FLAGS
+    from qla_kernels.gdn.bwd_api import CLUSTER_SUM_REVS, GRADS_FLAGS, LEAN_GRADS_REVS
 
     out: list[tuple[str, str, tuple]] = []
     for impl, (version, extra) in KKT_IMPLS.items():  # every stage-1 variant (the kkt GPU test times them all)
@@ -111,6 +111,12 @@ def variants() -> list[tuple[str, str, tuple]]:
         if ratio == 2:  # rev10 (pair_early); at ratio 1 it is rev9's build
             label = label.replace("rev9", "rev10")
             out.append((label, "bwd_chunk_grads_kernel", (*args, False, True)))
+    for rev, (base, extra) in LEAN_GRADS_REVS.items():  # stage 2 rev 12, rev 13: rev 8's flags and lean
+        threads, *flags = GRADS_FLAGS[base]
+        for dt in ("bfloat16", "float16"):
+            out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
+                        (HEAD_DIM, HEAD_DIM, SCALE, dt, threads, False, False, *flags, True, False, 2, False, False,
+                         extra["lean"], extra.get("dg_i2", False))))  # fmt: skip
     for dt in ("bfloat16", "float16"):  # stage 2 rev 11 (bwd_api.WS_GRADS_REVS: its own program)
         out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev11 ws", "bwd_chunk_grads_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, dt)))  # fmt: skip

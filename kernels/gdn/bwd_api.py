@@ -93,7 +93,17 @@ PAIR_EARLY_REVS = ("rev10",)  # bwd_chunk_grads_program's pair_early at ratio 2 
 # rev 8's time (no-instruction and long-scoreboard stalls: 155 KB of code, dS' read by the threads) and the
 # backward 0.829x rev 8's over qwen35-bwd: not the default.
 WS_GRADS_REVS = ("rev11",)
-GRADS_REVS = (*GRADS_FLAGS, *WS_GRADS_REVS)
+# "rev12" (session 22, bwd_chunk_grads_program's lean on rev 8's flags): three GEMMs of rev 8's 21 (10 of its 56
+# units) dropped with rev 8's roundings, from the study of FlashQLA's fused backward (<dO, QS> and x from the dq
+# and dk accumulators, dbeta's first part as rowsum(W o dW~): NOTES "I1", one GEMM on the symmetrised dKKt).
+# "rev13" also takes dg by NOTES "I2" (a fourth GEMM and the pair terms' column sum dropped; its rounding differs:
+# rounding_study_dg's form "i2x"). Both checked on the CPU (C backend, fp32, against float64) and built for
+# sm_90a; not yet run on a GPU.
+LEAN_GRADS_REVS = {  # revision: (the GRADS_FLAGS revision it builds on, bwd_chunk_grads_program's extra flags)
+    "rev12": ("rev8", {"lean": True}),
+    "rev13": ("rev8", {"lean": True, "dg_i2": True}),
+}
+GRADS_REVS = (*GRADS_FLAGS, *WS_GRADS_REVS, *LEAN_GRADS_REVS)
 # How dq and dk per value head (fp32) become the GVA group's sums in q's dtype: "torch" (an fp32 add that
 # rounds on store for r = 2, else a sum then a cast: two passes) or "kernel" (bwd/group_sum.py: both tensors,
 # any r, one launch and one pass). $QLA_BWD_GROUP_SUM overrides the default.
@@ -473,8 +483,10 @@ def chunk_bwd_grads(qf, kf, vf, gf, bf, af, dof, states, ds_next, plan: ChunkPla
         dv_out = dv if dv is not None else torch.empty_like(vf)  # rev 11 always writes dv
         bwd_chunk_grads_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt)(*args, dv_out)
         return dq, dk, dbeta, dg
-    threads, *flags = GRADS_FLAGS[rev]
+    base, extra = LEAN_GRADS_REVS.get(rev, (rev, {}))
+    threads, *flags = GRADS_FLAGS[base]
     group = {"cluster_sum": True, "gva_ratio": h_v // h_qk} if sum_groups else {}
+    group.update(extra)
     if sum_groups and h_v == 2 * h_qk and rev in PAIR_EARLY_REVS:
         group["pair_early"] = True
     if dv is not None:

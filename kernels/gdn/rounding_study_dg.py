@@ -87,8 +87,19 @@ def _exact_chains(x):
     return states, ds_next
 
 
-def dg(x: dict[str, torch.Tensor], skip: tuple[str, ...] = (), exact: bool = False) -> torch.Tensor:
-    """dg [tokens, h_v] of the emulated stage 2; `skip` names the roundings left out, exact=True all."""
+FORMS = ("rev6", "i2", "i2x")
+
+
+def dg(x: dict[str, torch.Tensor], skip: tuple[str, ...] = (), exact: bool = False, form: str = "rev6") -> torch.Tensor:
+    """dg [tokens, h_v] of the emulated stage 2; `skip` names the roundings left out, exact=True all.
+
+    form="rev6" is the kernel's formula (module docstring). form="i2" is the fused kernel's candidate (session
+    22): dgc_i = D_i row_a_i + rowsum(P o dO Vn^T)_i - <V, dv>_i and dgamma = <S', dS'> with S' the state after
+    the chunk (the next chunk's stored bf16 state; the forward's fp32 final state after a sequence's last
+    chunk). The x terms cancel in it, so it needs no K dS' o D_r Vn, no <D dW, K S> and no column sums.
+    form="i2x" is i2 with rev6's dgamma = sum_i x_i + e^gamma <S, dS'> (what stage 2 rev 12 computes: it has no S')."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
 
     def rnd(name: str, t: torch.Tensor) -> torch.Tensor:
         return t if exact or name in skip else _bf(t)
@@ -116,10 +127,22 @@ def dg(x: dict[str, torch.Tensor], skip: tuple[str, ...] = (), exact: bool = Fal
             dw = bc[:, None] * (rnd("ag2", a0 * gamma).T @ dvn)
             row_b = (ks * rnd("dwd", d[:, None] * dw)).sum(-1)
             row_a = scale * ((qc @ s) * doc).sum(-1)
-            low = torch.tril(torch.ones(n, n, dtype=torch.float64))
-            pairs = p * (doc @ vn_b.T) + ((dvn @ w.T) * low) * a0 * bc[None, :] * gamma
-            dgc = d * row_a - row_b - xs + pairs.sum(-1) - pairs.sum(-2)
-            dgc[-1] = dgc[-1] + xs.sum() + egam * (s_dot * dsn).sum()
+            if form == "i2x":
+                dgc = d * row_a + (p * (doc @ vn_b.T)).sum(-1) - (vc * dw).sum(-1)
+                dgc[-1] = dgc[-1] + xs.sum() + egam * (s_dot * dsn).sum()
+            elif form == "i2":
+                if i + 1 < x["states"].shape[0]:
+                    s_after = rnd("s", x["states"][i + 1, h])  # stored by stage 0 in bf16
+                else:  # the forward's final state, fp32
+                    vn_e = (a0 * gamma * bc[None, :]) @ (vc - d[:, None] * (kc @ s_exact))
+                    s_after = egam * s_exact + kc.T @ (dr[:, None] * vn_e)
+                dgc = d * row_a + (p * (doc @ vn_b.T)).sum(-1) - (vc * dw).sum(-1)
+                dgc[-1] = dgc[-1] + (s_after * dsn).sum()
+            else:
+                low = torch.tril(torch.ones(n, n, dtype=torch.float64))
+                pairs = p * (doc @ vn_b.T) + ((dvn @ w.T) * low) * a0 * bc[None, :] * gamma
+                dgc = d * row_a - row_b - xs + pairs.sum(-1) - pairs.sum(-2)
+                dgc[-1] = dgc[-1] + xs.sum() + egam * (s_dot * dsn).sum()
             out[sl, h] = torch.flip(torch.cumsum(torch.flip(dgc, [0]), 0), [0])
     return out
 
@@ -130,11 +153,27 @@ def errors(tokens: int = 4096) -> dict[str, float]:
     return {name: ((dg(x, skip) - ref).norm() / ref.norm()).item() for name, skip in VARIANTS.items()}
 
 
+def form_errors(tokens: int = 4096, seeds: tuple[int, ...] = (1, 2, 3), h_v: int = 4) -> dict[str, list[float]]:
+    """dg's relative L2 error of each form, every rounding in, per seed (the same inputs for both forms)."""
+    out: dict[str, list[float]] = {f: [] for f in FORMS}
+    for seed in seeds:
+        x = make_inputs(tokens, h_v, seed)
+        ref = dg(x, exact=True)
+        for f in FORMS:
+            out[f].append(((dg(x, form=f) - ref).norm() / ref.norm()).item())
+    return out
+
+
 def main(argv: list[str]) -> None:
-    errs = errors(int(argv[0]) if argv else 4096)
+    tokens = int(argv[0]) if argv else 4096
+    errs = errors(tokens)
     base = errs["rev6 (every rounding)"]
     for name, e in errs.items():
         print(f"{name}: {e:.3e} ({e / base:.2f}x rev6's)")
+    forms = form_errors(tokens)
+    for f, es in forms.items():
+        ratios = " ".join(f"{e / b:.2f}" for e, b in zip(es, forms["rev6"], strict=True))
+        print(f"form {f}: " + " ".join(f"{e:.3e}" for e in es) + f" (x rev6 per seed: {ratios})")
 
 
 if __name__ == "__main__":

@@ -38,20 +38,25 @@ CASES = [
 @pytest.fixture(
     scope="module",
     params=[
-        (False, False, False, False),
-        (True, False, False, False),
-        (True, True, False, False),
-        (True, True, True, False),
-        (True, True, True, True),
+        (False, False, False, False, False, False),
+        (True, False, False, False, False, False),
+        (True, True, False, False, False, False),
+        (True, True, True, False, False, False),
+        (True, True, True, True, False, False),
+        (True, True, True, True, True, False),
+        (True, True, True, True, True, True),
     ],
-    ids=["rev1-element-loads", "rev2-tile-loads", "rev3-hoisted-indices", "rev6-dw-beta-fp32", "rev7-gamma-fragment"],
+    ids=[
+        "rev1-element-loads", "rev2-tile-loads", "rev3-hoisted-indices", "rev6-dw-beta-fp32", "rev7-gamma-fragment",
+        "rev12-lean", "rev13-lean-dg-i2",
+    ],
 )
 def kernel(request):
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    tile_loads, hoist, dw_beta, gamma_frag = request.param
+    tile_loads, hoist, dw_beta, gamma_frag, lean, dg_i2 = request.param
     program = bwd_chunk_grads_program(
         D, D, SCALE, "float32", cpu_debug=True, tile_loads=tile_loads, hoist_index=hoist, dw_beta_fp32=dw_beta,
-        gamma_frag=gamma_frag,
+        gamma_frag=gamma_frag, lean=lean, dg_i2=dg_i2,
     )  # fmt: skip
     return tilelang.compile(program, target="c", pass_configs=cfg)
 

@@ -175,8 +175,11 @@ def test_bwd_grads_revision_from_the_environment(monkeypatch):
     monkeypatch.setenv("QLA_BWD_GRADS", "rev3")
     assert resolve_grads_rev() == "rev3"
     monkeypatch.setenv("QLA_BWD_GRADS", "rev12")
+    assert resolve_grads_rev() == "rev12"  # rev 8 with lean (session 22)
+    monkeypatch.setenv("QLA_BWD_GRADS", "rev14")
     # sorted as text
-    accepted = r"\['rev1', 'rev10', 'rev11', 'rev2', 'rev3', 'rev4', 'rev5', 'rev6', 'rev7', 'rev8', 'rev9'\]"
+    accepted = (r"\['rev1', 'rev10', 'rev11', 'rev12', 'rev13', 'rev2', 'rev3', 'rev4', 'rev5', 'rev6', 'rev7', "
+                r"'rev8', 'rev9'\]")
     with pytest.raises(ValueError, match=r"QLA_BWD_GRADS must be one of " + accepted):
         resolve_grads_rev()
 

@@ -283,6 +283,30 @@ def test_bwd_chunk_grads_compiles(rev):
         assert rep.source.count("exp2") <= 4, rep.source.count("exp2")
 
 
+@pytest.mark.parametrize(("rev", "dtype", "fewer"), [("rev12", "bfloat16", 3), ("rev13", "bfloat16", 4),
+                                                    ("rev12", "float16", 3)])  # fmt: skip
+def test_bwd_chunk_grads_lean_compiles(rev, dtype, fewer):
+    """Stage 2 rev 12 / rev 13 (rev 8's flags with lean / and dg_i2, writing dv as the backward runs it): no
+    spills, within shared memory (rev 13 keeps V resident to dv), and 3 / 4 GEMMs fewer than rev 8's same build
+    (each wgmma GEMM appears three times in the generated source), in less code."""
+    from qla_kernels.gdn.bwd.chunk_grads import MERGED_PASS_CONFIGS, bwd_chunk_grads_program
+    from qla_kernels.gdn.bwd_api import GRADS_FLAGS, LEAN_GRADS_REVS
+
+    base, extra = LEAN_GRADS_REVS[rev]
+    threads, *flags = GRADS_FLAGS[base]
+    reps = {}
+    for lean in (False, True):
+        prog = bwd_chunk_grads_program(128, 128, 128**-0.5, dtype, threads, False, False, *flags, True,
+                                       **(extra if lean else {}))  # fmt: skip
+        reps[lean] = build_sm90a(prog, MERGED_PASS_CONFIGS)
+        print(reps[lean].line())
+    rep = reps[True]
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert reps[False].source.count("wgmma") - rep.source.count("wgmma") == fewer * 3
+    assert rep.code_bytes < reps[False].code_bytes
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_bwd_chunk_grads_rev11_compiles(dtype):
     # rev 11 (bwd/chunk_grads_ws.py): two warpgroups at once; TileLang's cross-warp reductions sync on named

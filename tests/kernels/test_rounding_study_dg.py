@@ -1,6 +1,7 @@
 """The dg rounding study (gdn/rounding_study_dg.py): its unrounded path is the backward's specification, and
 no single rounding of stage 2 sets dg's error (NOTES.md, session 10)."""
 
+import pytest
 import torch
 
 from qla_kernels.gdn import bwd_chunked
@@ -33,3 +34,16 @@ def test_no_single_rounding_dominates():
     assert 1e-4 < every < 1e-2
     for name, skip in VARIANTS.items():
         assert 0.4 * every < err(skip) < 1.6 * every, name
+
+
+def test_i2_form_is_exact():
+    """The fused kernel's candidate dg (form "i2": <dO, O> - <dv, V> per row, <S', dS'> on the last) equals
+    the specification's in float64 on every chunk, ragged last chunk included, and it is a different formula
+    (its rounded value differs from rev6's)."""
+    x = make_inputs(200, h_v=2)
+    ref = dg(x, exact=True)
+    for form in ("i2", "i2x"):
+        assert torch.allclose(dg(x, exact=True, form=form), ref, rtol=1e-9, atol=1e-9), form
+        assert not torch.equal(dg(x, form=form), dg(x)), form
+    with pytest.raises(ValueError, match="form must be one of"):
+        dg(x, form="i3")

@@ -55,6 +55,8 @@ def bwd_chunk_grads_program(
     gva_ratio: int = 2,
     cluster_probe: bool = False,
     pair_early: bool = False,
+    lean: bool = False,
+    dg_i2: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -108,6 +110,22 @@ def bwd_chunk_grads_program(
     accumulator; rank 1, whose partner's dk has been in flight meanwhile, adds it, sends its dq back through the
     same buffer and stores dk; rank 0 waits for that dq, adds, stores. A split cluster barrier after the
     exchange keeps rank 1's outgoing copy's source intact until rank 0 has it.
+
+    lean=True (rev 12, with dw_beta_fp32; session 22, from the study of FlashQLA's fused backward) drops three
+    GEMMs of rev 8's 21 (10 of its 56 units of 64^3 MACs), each operand rounded as in rev 8 and dg's formula
+    unchanged (only fp32 summation orders differ):
+    - D_i scale <dO, QS>_i is the row sum of Q o dQ's first product (scale D dO S^T), taken before dQK K is added:
+      no Q S GEMM;
+    - x_i = rowsum(K o D_r Vn dS'^T), taken from dk's first product before its other terms: no second K dS';
+    - dbeta's first part is rowsum(W o dW~) with dW~ = (Gamma o A0)^T dVn before beta is applied (NOTES "I1"): a
+      row sum instead of a column sum;
+    - dKKt K + dKKt^T K as one GEMM on dKKt + dKKt^T (disjoint triangles: the sum is exact in the input dtype).
+    dg's terms that need these row sums are added at the end.
+    dg_i2=True (rev 13, with lean) also takes dgc_i = D_i scale <dO, QS>_i + rowsum(P o dO Vn^T)_i - <V, dv>_i
+    (NOTES "I2": the x terms cancel) with dgamma = sum x + e^gamma <S, dS'> as before: no <D dW, K S> (a fourth
+    GEMM, K S again), no dAg pair terms, no column sum; V stays resident until dv is formed. Its rounding is not
+    rev 8's: rounding_study_dg's form "i2x" puts dg's error at 0.9-1.5x rev 6's (the x total no longer cancels
+    the same rounded x per row; form "i2", with the stored state after the chunk in dgamma, is 0.5-1.3x).
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
@@ -117,6 +135,8 @@ def bwd_chunk_grads_program(
     assert not cluster_sum or (scan_dg and gva_ratio in (1, 2))
     assert not (cluster_probe and cluster_sum)
     assert not pair_early or (cluster_sum and gva_ratio == 2)
+    assert not lean or (dw_beta_fp32 and not pair_early)
+    assert not dg_i2 or lean
     pair = cluster_sum and gva_ratio == 2  # two CTAs exchange tiles
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
@@ -216,6 +236,33 @@ def bwd_chunk_grads_program(
         mm(dwd_sh, s_sh, acc_tile, transpose_b=True, clear=False)
 
     @T.macro
+    def dq_gemms_lean(acc_tile, tmp, red, row_out, do_sh, s_sh, d_sh, dqk_sh, k_sh, q_sh):
+        """rev 12: dq as dq_gemms, with D_i scale <dO, QS>_i = rowsum(Q o scale D dO S^T) taken into row_out
+        between the two products."""
+        mm(do_sh, s_sh, acc_tile, transpose_b=True)
+        for i, j in T.Parallel(C, dk):
+            acc_tile[i, j] = scale * d_sh[i] * acc_tile[i, j]
+            tmp[i, j] = acc_tile[i, j] * T.cast(q_sh[i, j], acc)
+        reduce_sum(tmp, row_out, red, 1)
+        mm(dqk_sh, k_sh, acc_tile, clear=False)
+
+    @T.macro
+    def dk_gemms_lean(acc_tile, tmp, red, x_out, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, sym_sh, k_sh, dwd_sh, s_sh):
+        """rev 12: dk as dk_gemms, D_r (Vn dS'^T) first so that x = rowsum(K o it) comes from the accumulator
+        (into x_out), and the two dKKt products as one on sym_sh = dKKt + dKKt^T."""
+        mm(vnr_sh, ds_sh, acc_tile, transpose_b=True)
+        for i, j in T.Parallel(C, dk):
+            tmp[i, j] = acc_tile[i, j] * T.cast(k_sh[i, j], acc)
+        reduce_sum(tmp, x_out, red, 1)
+        for i, j in T.Parallel(C, C):  # strictly lower dKKt: the two triangles do not overlap
+            sym_sh[i, j] = T.if_then_else(i > j, dkkt_sh[i, j], dkkt_sh[j, i])
+        mm(dqk_sh, q_sh, acc_tile, transpose_a=True, clear=False)
+        mm(sym_sh, k_sh, acc_tile, clear=False)
+        for i, j in T.Parallel(C, dv):
+            dwd_sh[i, j] = -dwd_sh[i, j]
+        mm(dwd_sh, s_sh, acc_tile, transpose_b=True, clear=False)
+
+    @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof, dv_out):  # fmt: skip
         with T.Kernel(nc * h_v, threads=threads, cluster_dims=2 if pair or cluster_probe else None) as (bid,):
@@ -266,6 +313,9 @@ def bwd_chunk_grads_program(
             col_a = alloc_sh((C,), acc)
             sds_rows = alloc_sh((dk,), acc)
             x_sh = alloc_sh((C,), acc)  # x_i = D_r,i <K dS', Vn>_i
+            row_q = alloc_sh((C,), acc) if lean else None  # rev 12: D_i scale <dO, QS>_i from dq's first product
+            row_v = alloc_sh((C,), acc) if dg_i2 else None  # rev 13: <V, dv>_i
+            row_p = alloc_sh((C,), acc) if dg_i2 else None  # rev 13: rowsum(P o dO Vn^T)_i
             ds32_sh = alloc_sh((dk, dv), acc) if ds_tma else None  # dS' as loaded, until its bf16 cast
             # rev 9: the partner's fp32 dq (rank 0) or dk (rank 1) lands here; it first carries this CTA's own
             # tile out (rank 1's dq, rank 0's dk): one buffer for both, see group_store
@@ -283,6 +333,7 @@ def bwd_chunk_grads_program(
             red_c2r = alloc_acc((C,))
             red_c2c = alloc_acc((C,))
             red_k = alloc_acc((dk,))
+            red_ck = alloc_acc((C,)) if lean else None  # rev 12: row sums of [C, K] products
             gam = alloc_acc((C, C)) if gamma_frag else None
             ck2 = alloc_acc((C, dk)) if pair_early else None  # rev 10: dq while ck holds dk
 
@@ -409,10 +460,11 @@ def bwd_chunk_grads_program(
                 p_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc[i, j], dtype)
             stamp(prof, bid, 3)
             # dVn = P^T dO + D_r (K dS'); x_i = D_r,i sum_v (K dS')_iv Vn_iv
-            mm(k_sh, ds_sh, cv)  # K dS'
-            for i, j in T.Parallel(C, dv):
-                cv[i, j] = cv[i, j] * T.cast(vnr_sh[i, j], acc)
-            reduce_sum(cv, x_sh, red_cv, 1)
+            if not lean:  # rev 12 takes x from dk's first product
+                mm(k_sh, ds_sh, cv)  # K dS'
+                for i, j in T.Parallel(C, dv):
+                    cv[i, j] = cv[i, j] * T.cast(vnr_sh[i, j], acc)
+                reduce_sum(cv, x_sh, red_cv, 1)
             mm(k_sh, ds_sh, cv)
             for i, j in T.Parallel(C, dv):
                 cv[i, j] = dr_sh[i] * cv[i, j]
@@ -431,8 +483,16 @@ def bwd_chunk_grads_program(
                 for i, j in T.Parallel(C, C):  # Ag without beta (Vn above used the rounded Ag with it)
                     ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j), dtype)
                 mm(ag_sh, dvn_sh, cv, transpose_a=True)
+                if lean:  # dbeta's first part = rowsum(W o dW~) (I1); rev 13: then <V, dv> after beta
+                    for i, j in T.Parallel(C, dv):
+                        ck[i, j] = cv[i, j] * T.cast(w_sh[i, j], acc)
+                    reduce_sum(ck, col_a, red_ck, 1)
                 for i, j in T.Parallel(C, dv):
                     cv[i, j] = b_sh[i] * cv[i, j]
+                if dg_i2:
+                    for i, j in T.Parallel(C, dv):
+                        ck[i, j] = cv[i, j] * T.cast(v_sh[i, j], acc)
+                    reduce_sum(ck, row_v, red_ck, 1)
             else:
                 mm(ag_sh, dvn_sh, cv, transpose_a=True)
             if store_dv:  # dv of the chunk's tokens
@@ -441,15 +501,17 @@ def bwd_chunk_grads_program(
                         dv_out[0, t0 + i, bh, j] = T.cast(cv[i, j], dtype)
             for i, j in T.Parallel(C, dv):
                 dwd_sh[i, j] = T.cast(d_sh[i] * cv[i, j], dtype)
-            mm(k_sh, s_sh, cv)  # K S again (the accumulator was reused)
-            for i, j in T.Parallel(C, dv):
-                cv[i, j] = cv[i, j] * T.cast(dwd_sh[i, j], acc)
-            reduce_sum(cv, row_b, red_cv, 1)  # sum_v D dW o KS
-            # row_a[i] = scale sum_v dO_iv (Q S)_iv
-            mm(q_sh, s_sh, cv)
-            for i, j in T.Parallel(C, dv):
-                cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
-            reduce_sum(cv, row_a, red_cv, 1)
+            if not dg_i2:  # rev 13 has no such term (I2)
+                mm(k_sh, s_sh, cv)  # K S again (the accumulator was reused)
+                for i, j in T.Parallel(C, dv):
+                    cv[i, j] = cv[i, j] * T.cast(dwd_sh[i, j], acc)
+                reduce_sum(cv, row_b, red_cv, 1)  # sum_v D dW o KS
+            if not lean:  # rev 12 takes it from dq's first product
+                # row_a[i] = scale sum_v dO_iv (Q S)_iv
+                mm(q_sh, s_sh, cv)
+                for i, j in T.Parallel(C, dv):
+                    cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
+                reduce_sum(cv, row_a, red_cv, 1)
 
             stamp(prof, bid, 5)
             # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
@@ -457,22 +519,40 @@ def bwd_chunk_grads_program(
             for i, j in T.Parallel(C, C):
                 dqk_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc2[i, j], dtype)
                 cc2[i, j] = T.cast(p_sh[i, j], acc) * cc2[i, j]  # scale Gamma QK^T dP (0 above the diagonal)
+            if dg_i2:  # rev 13: rowsum(P o dO Vn^T) is dg's only pair term (I2)
+                reduce_sum(cc2, row_p, red_c2r, 1)
             # dAg = (dVn W^T) o L
             mm(dvn_sh, w_sh, cc, transpose_b=True)
-            for i, j in T.Parallel(C, C):
-                cc2[i, j] = cc2[i, j] + T.if_then_else(
-                    i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gamma(g_sh, gam, i, j), 0.0
-                )
-                da0_sh[i, j] = T.cast(T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype)
-                cc[i, j] = T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * T.cast(a_sh[i, j], acc), 0.0)
-            reduce_sum(cc, col_a, red_ccc, 0)  # dbeta, first part
-            # gates: dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + sum_j pair_ij - sum_j pair_ji
-            for i in T.Parallel(C):
-                dgc_sh[i] = d_sh[i] * row_a[i] - row_b[i] - x_sh[i]
-            reduce_sum(cc2, row_a, red_c2r, 1)
-            reduce_sum(cc2, row_c, red_c2c, 0)
-            for i in T.Parallel(C):
-                dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
+            if dg_i2:
+                for i, j in T.Parallel(C, C):
+                    da0_sh[i, j] = T.cast(
+                        T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype
+                    )
+            else:
+                for i, j in T.Parallel(C, C):
+                    cc2[i, j] = cc2[i, j] + T.if_then_else(
+                        i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gamma(g_sh, gam, i, j), 0.0
+                    )
+                    da0_sh[i, j] = T.cast(
+                        T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype
+                    )
+                    if not lean:  # rev 12 has dbeta's first part from rowsum(W o dW~) (I1)
+                        cc[i, j] = T.if_then_else(
+                            i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * T.cast(a_sh[i, j], acc), 0.0
+                        )
+                if not lean:
+                    reduce_sum(cc, col_a, red_ccc, 0)  # dbeta, first part
+                # gates: dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + sum_j pair_ij - sum_j pair_ji
+                # (rev 12 adds its first and third terms at the end: they come from dq's and dk's products)
+                for i in T.Parallel(C):
+                    if lean:
+                        dgc_sh[i] = -row_b[i]
+                    else:
+                        dgc_sh[i] = d_sh[i] * row_a[i] - row_b[i] - x_sh[i]
+                reduce_sum(cc2, row_a, red_c2r, 1)
+                reduce_sum(cc2, row_c, red_c2c, 0)
+                for i in T.Parallel(C):
+                    dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
 
             stamp(prof, bid, 6)
             # A0 path: dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL
@@ -515,7 +595,10 @@ def bwd_chunk_grads_program(
                 T.cluster_wait()
                 T.sync_threads()
             else:
-                dq_gemms(ck, do_sh, s_sh, d_sh, dqk_sh, k_sh)
+                if lean:
+                    dq_gemms_lean(ck, cv, red_cv, row_q, do_sh, s_sh, d_sh, dqk_sh, k_sh, q_sh)
+                else:
+                    dq_gemms(ck, do_sh, s_sh, d_sh, dqk_sh, k_sh)
                 if cluster_sum:
                     group_store(ck, dq_v, pair_sh, pair_bar, 0, bh % 2, t0, end, bhg)
                 else:
@@ -523,7 +606,10 @@ def bwd_chunk_grads_program(
                         if t0 + i < end:
                             dq_v[0, t0 + i, bh, j] = ck[i, j]
                 stamp(prof, bid, 8)
-                dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
+                if lean:  # t_sh (the A0 path's) is free again: the symmetrised dKKt
+                    dk_gemms_lean(ck, cv, red_cv, x_sh, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, t_sh, k_sh, dwd_sh, s_sh)
+                else:
+                    dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
                 if cluster_sum:
                     group_store(ck, dk_v, pair_sh, pair_bar, 1, bh % 2, t0, end, bhg)
                 else:
@@ -532,6 +618,12 @@ def bwd_chunk_grads_program(
                             dk_v[0, t0 + i, bh, j] = ck[i, j]
 
             stamp(prof, bid, 9)
+            if dg_i2:  # I2: dgc_i = D_i scale <dO, QS>_i + rowsum(P o dO Vn^T)_i - <V, dv>_i
+                for i in T.Parallel(C):
+                    dgc_sh[i] = row_q[i] + row_p[i] - row_v[i]
+            elif lean:  # the terms from dq's and dk's first products
+                for i in T.Parallel(C):
+                    dgc_sh[i] = dgc_sh[i] + row_q[i] - x_sh[i]
             # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
             # each row sums dgamma = sum_j x_j + exp(gamma) <S, dS'> itself (x_j = 0 past the end)
             n_valid = T.min(end - t0, C)
