@@ -321,9 +321,9 @@ def _fork(side: torch.cuda.Stream | None) -> None:
 @contextlib.contextmanager
 def _on(side: torch.cuda.Stream | None) -> Iterator[None]:
     """Launch the block's kernels on `side` (None: on the caller's stream). Every tensor they touch must stay
-    referenced until the join (then the caller's stream orders any reuse of its memory after side's work), and
-    the outputs are allocated on the caller's stream (so their memory returns to its cache, graph capture
-    included)."""
+    referenced until the join (then the caller's stream orders any reuse of its memory after side's work); what
+    the caller reads afterwards (states) is allocated on the caller's stream beforehand, so only the block's own
+    scratch lives in the side stream's cache."""
     if side is None:
         yield
         return

@@ -42,16 +42,22 @@ def _bwd(fwd, q, k, v, beta, do, dht, s0, cu, **cp):
     return grads
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_bwd_cp_matches_float64_and_plain(name):
+def _bwd_case(name: str, grad_seed: int):
+    """A CASES entry's inputs, its upstream gradients (do, dht from grad_seed) and the forward's outputs."""
     b, t, h_qk, h_v, cu_list, piece = CASES[name]
     n = b if cu_list is None else len(cu_list) - 1
     (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, seed=zlib.crc32(name.encode()) % 1000, n=n)
     cu = None if cu_list is None else torch.tensor(cu_list, dtype=torch.int32, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(2)
+    gen = torch.Generator(device="cuda").manual_seed(grad_seed)
     do = torch.randn(v.shape, generator=gen, device="cuda").to(v.dtype)
     dht = torch.randn(n, h_v, 128, 128, generator=gen, device="cuda")
     fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    return n, h_v, piece, (q, k, v, g, beta), s0, cu, do, dht, fwd
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bwd_cp_matches_float64_and_plain(name):
+    n, h_v, piece, (q, k, v, g, beta), s0, cu, do, dht, fwd = _bwd_case(name, 2)
     cp_plan = bwd_api._bwd_cp_plan(_plan(q, cu), h_v, q.device, True, piece)
     assert cp_plan is not None and cp_plan.num_pieces > n  # the forced split really runs
     with_cp = _bwd(fwd, q, k, v, beta, do, dht, s0, cu, cp=True, cp_piece=piece)
@@ -86,14 +92,7 @@ def test_stage0_beside_stage1_equals_in_turn(name, monkeypatch):
     a ~50 ms spin on its stream, so a missing join would let stage 2 read states not yet written (NaN-filled
     first) and a missing fork would let stage 0 read inputs not yet written; the wrapper also checks that stage
     0 really launches on the side stream."""
-    b, t, h_qk, h_v, cu_list, piece = CASES[name]
-    n = b if cu_list is None else len(cu_list) - 1
-    (q, k, v, g, beta), s0 = make_inputs(b, t, h_qk, h_v, seed=zlib.crc32(name.encode()) % 1000, n=n)
-    cu = None if cu_list is None else torch.tensor(cu_list, dtype=torch.int32, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    do = torch.randn(v.shape, generator=gen, device="cuda").to(v.dtype)
-    dht = torch.randn(n, h_v, 128, 128, generator=gen, device="cuda")
-    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    _, _, piece, (q, k, v, _g, beta), s0, cu, do, dht, fwd = _bwd_case(name, 3)
     store = bwd_api._store_states
     on_side = []
 
