@@ -33,6 +33,24 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 23 (S23_FUSED=1): the fused backward ($QLA_BWD_FUSED=1, off by default until this runs): the float64
+# checks of the whole backward with it (plain, then CP), then the harness's qwen35-bwd rows with it on and off, one
+# after the other, on $FUSED_HEADS (default: the most and the fewest heads).
+if [ -n "${S23_FUSED:-}" ]; then
+  STEP_ENV=QLA_BWD_FUSED=1 step fused-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
+  STEP_ENV=QLA_BWD_FUSED=1 step fused-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
+  for v in 1 0; do
+    budget=$(left); (( budget < 40 )) && { echo "skip bwd-fused$v: out of time"; continue; }
+    lim=$(( budget < 150 ? budget : 150 ))
+    rows=$(mktemp -d /tmp/bwd-fu$v-XXXX)
+    QLA_BWD_FUSED=$v timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
+      --heads "${FUSED_HEADS:-16/32,2/4}" --timers events --out "$rows" --no-report > "$dest/bwd-fused$v.log" 2>&1
+    echo "bwd-fused$v rc=$? t=$(( $(date +%s) - t0 )) s"
+    cat "$rows"/*.jsonl > "$dest/bwd-fused$v.jsonl" 2>/dev/null
+  done
+  exit 0
+fi
+
 # Session 22 (S22_OVERLAP=1): stage 0 beside stage 1 ($QLA_BWD_OVERLAP, off by default until this runs): its
 # bit-equality test (plain and CP, eager and from a captured CUDA graph), then the harness's qwen35-bwd rows with
 # the overlap on and off, one after the other, on $OVERLAP_HEADS (default: the few-head configs where the two

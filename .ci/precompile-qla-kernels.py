@@ -117,6 +117,11 @@ def variants() -> list[tuple[str, str, tuple]]:
             out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads {rev} store dv", "bwd_chunk_grads_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, dt, threads, False, False, *flags, True, False, 2, False, False,
                          extra["lean"], extra.get("dg_i2", False))))  # fmt: skip
+    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
+    for dt in ("bfloat16", "float16"):  # the fused backward (bwd_api._fused_walk: rev 12's math, dS' not by TMA)
+        out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd fused walk", "bwd_chunk_grads_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, dt, threads, False, False, tile, hoist, tma, dw_beta, gamma_frag, False,
+                     scan, True, False, 2, False, False, True, False, True)))  # fmt: skip
     for dt in ("bfloat16", "float16"):  # stage 2 rev 11 (bwd_api.WS_GRADS_REVS: its own program)
         out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev11 ws", "bwd_chunk_grads_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, dt)))  # fmt: skip

@@ -41,6 +41,7 @@ ENV_FLAGS = (
     "QLA_BWD_STATES",
     "QLA_BWD_CP",
     "QLA_BWD_OVERLAP",
+    "QLA_BWD_FUSED",
     "QLA_CP",
     "QLA_CP_COMBINE",
     "QLA_CP_COMBINE_REV",

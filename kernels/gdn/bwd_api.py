@@ -33,7 +33,7 @@ from .api import (
     state_pass_launcher,
 )
 from .bwd_chunked import BwdOutput
-from .bwd_cp_plan import bwd_piece_chunks, dstate_width
+from .bwd_cp_plan import bwd_piece_chunks, dstate_width, fused_piece_chunks
 from .checks import HEAD_DIM, check_fwd_args
 from .cp_plan import CPPlan, plan_cp
 from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_block_v_ws
@@ -148,6 +148,15 @@ BWD_CP_ENV = "QLA_BWD_CP"
 # (NOTES.md, session 22) decide the default. Its cost: stage 0's scratch (o, ht) lives in the side stream's cache.
 BWD_OVERLAP_ENV = "QLA_BWD_OVERLAP"
 DEFAULT_BWD_OVERLAP = False
+
+# The fused backward (session 23, bwd/chunk_grads.py's `fused` on rev 12's math): stage 1's chain and stage 2's
+# gradients in one walk per (sequence or CP piece, value head), dS' carried on chip and in an L2-resident fp32 slot
+# per CTA instead of 4 bytes a value per chunk through HBM; no dvl_wk and no chain kernel without CP (with CP they
+# are pass A, and the walk replaces pass B). "1" runs it, "0" the three stages. Off by default
+# (DEFAULT_BWD_FUSED) until measured on a GPU against the stages (NOTES.md, session 23). Pieces by
+# bwd_cp_plan.choose_fused_cp.
+BWD_FUSED_ENV = "QLA_BWD_FUSED"
+DEFAULT_BWD_FUSED = False
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
 
@@ -295,6 +304,15 @@ def resolve_bwd_overlap() -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"${BWD_OVERLAP_ENV} must be '0' or '1' (or unset: {int(DEFAULT_BWD_OVERLAP)}), got {value!r}")
     return DEFAULT_BWD_OVERLAP if value == "" else value == "1"
+
+
+def resolve_bwd_fused() -> bool:
+    """The fused backward? $QLA_BWD_FUSED "1" yes, "0" no, unset DEFAULT_BWD_FUSED; anything else a ValueError
+    naming the choices."""
+    value = os.environ.get(BWD_FUSED_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${BWD_FUSED_ENV} must be '0' or '1' (or unset: {int(DEFAULT_BWD_FUSED)}), got {value!r}")
+    return DEFAULT_BWD_FUSED if value == "" else value == "1"
 
 
 def _stage0_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -451,6 +469,88 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float,
     return states
 
 
+def _fused_cp_plan(plan: ChunkPlan, h_v: int, device: torch.device, cp: bool | None,
+                   cp_piece: int | None) -> CPPlan | None:  # fmt: skip
+    """The fused backward's context-parallel split (bwd_cp_plan.choose_fused_cp, or cp_piece), or None."""
+    if cp_piece is not None and cp_piece < 1:
+        raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
+    if not (resolve_bwd_cp() if cp is None else cp):
+        return None
+    nsm = _num_sms(device)
+    piece = cp_piece if cp_piece is not None else fused_piece_chunks(plan, h_v, nsm, _step_rev())  # cached per plan
+    if piece is None:
+        return None
+    cpp = plan_cp(plan, h_v, nsm, piece_chunks=piece)  # cached per plan
+    return cpp if cpp.enabled and cpp.num_pieces > cpp.num_seqs else None
+
+
+def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, scale: float):
+    """The fused walk over the sequences or pieces `cu` (chunk_offsets: their first chunks' indices in states):
+    slots [P,H_v,K,V] fp32 holds each piece's end gradient and leaves with its start gradient. Returns dq, dk per
+    value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype."""
+    from .bwd.chunk_grads import bwd_chunk_grads_kernel
+
+    nt, h_v = vf.shape[1], vf.shape[2]
+    dq = torch.empty(1, nt, h_v, HEAD_DIM, dtype=torch.float32, device=qf.device)
+    dk = torch.empty_like(dq)
+    dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
+    dg = torch.empty_like(dbeta)
+    dv = torch.empty_like(vf)
+    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
+    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], threads, False, False, tile, hoist,
+                                    tma, dw_beta, gamma_frag, False, scan, True, lean=True, fused=True)  # fmt: skip
+    kernel(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, dq, dk, dbeta, dg, dv)
+    return dq, dk, dbeta, dg, dv
+
+
+def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: float, cp: bool | None,
+               cp_piece: int | None):  # fmt: skip
+    """The fused backward on packed inputs: (dq, dk per value head, dbeta, dg, dv, dh0)."""
+    h_v = vf.shape[2]
+    cpp = _fused_cp_plan(plan, h_v, qf.device, cp, cp_piece)
+    if cpp is None:
+        states = chunk_states(qf, kf, vf, gf, bf, af, h0, plan, scale)
+        if dht is not None:
+            slots = dht.to(torch.float32, copy=True).contiguous()
+        else:
+            slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+        *grads, dv = _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, plan.cu_seqlens, plan.chunk_offsets,
+                                 scale)  # fmt: skip
+        return (*grads, dv, slots)
+    from .bwd.dstate_chain import bwd_dstate_kernel
+    from .cp_bwd import dstate_cp, states_cp
+
+    nsm, dt = _num_sms(qf.device), _TL_DTYPE[qf.dtype]
+    combine_fn = _combine_kernel if resolve_cp_combine() == "kernel" else None
+    states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
+
+    def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
+        _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+
+    hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
+    out: list[torch.Tensor] = []
+
+    def chain(ends: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if ends is not None:  # pass B: the fused walk from every piece's exact end gradient
+            slots = ends.contiguous()
+            out.extend(_fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cpp.cu_seqlens, cpp.chunk_offsets,
+                                   scale))  # fmt: skip
+            return None, slots
+        # pass A: the chain from zero over the pieces (its dS' of every chunk is not used)
+        dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
+        bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm, _step_rev())
+        ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+        starts = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+        kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, False, bv, 256, False, True, 2, True,
+                                   *_chain_flags(resolve_dstate_rev()))  # fmt: skip
+        kernel(qf, kf, gf, dof, dvl, wk, _dummy_state(h_v, qf.device), cpp.cu_seqlens, cpp.chunk_offsets, ds_next,
+               starts)  # fmt: skip
+        return ds_next, starts
+
+    _, dh0 = dstate_cp(cpp, hm, dht.contiguous() if dht is not None else None, chain, combine_fn)
+    return (*out, dh0)
+
+
 def grads_sum_groups(rev: str, ratio: int) -> bool:
     """Whether stage 2 of revision rev writes dq and dk summed over GVA groups of h_v / h_qk = ratio."""
     return rev in CLUSTER_SUM_REVS and ratio in CLUSTER_SUM_RATIOS
@@ -555,6 +655,12 @@ def chunk_gated_delta_rule_bwd(
     qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, A, do))
     gf, bf = (pack_tokens(x).float() for x in (g_cumsum, beta))
 
+    if resolve_bwd_fused():
+        dq, dk, dbeta, dg, dv, dh0 = _bwd_fused(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, scale, cp,
+                                                cp_piece)  # fmt: skip
+        dq, dk = _group_sums(dq, dk, b, t, h_qk, q.dtype)
+        return BwdOutput(dq=dq, dk=dk, dv=dv.view(v.shape), dbeta=dbeta.view(b, t, h_v), dg=dg.view(b, t, h_v),
+                         dh0=dh0 if initial_state is not None else None)  # fmt: skip
     cpp = _bwd_cp_plan(plan, h_v, q.device, cp, cp_piece)
     side = _stage0_stream(q.device)  # stage 0 beside stage 1 (None: in turn)
     if cpp is None:

@@ -127,3 +127,63 @@ def bwd_piece_chunks(chunk_plan: ChunkPlan, h_v: int, num_sms: int, rev: str = D
     return _pieces.get(
         chunk_plan, (h_v, num_sms, rev), lambda chunks, _cu: choose_bwd_cp(chunks, h_v, num_sms, rev=rev)
     )
+
+
+# The fused backward ($QLA_BWD_FUSED, session 23: bwd/chunk_grads.py's `fused`): one CTA per (piece, value head)
+# walks the piece's chunks with stage 1's chain and stage 2's gradients in one step. Stage 0 stays as it is; with CP,
+# pass A (bwd/dvl_wk.py and the chain from zero over the pieces) and the combine give every piece's exact end
+# gradient, and the fused walk replaces pass B and stage 2. Its step is an estimate until measured: stage 2 rev 8's
+# CTA (~20 us a chunk on the H200, session 22's kernel table) plus the chain's three GEMMs.
+FUSED_STEP_US = 21.0
+# bwd/dvl_wk.py over every chunk and head (H200, session 22: 609 us at 16/32 x 32768, 512 chunks x 32 heads)
+DVL_WK_US = 609.0 / (512 * 32)
+
+
+def fused_walk_us(chunks: list[int], h_v: int, num_sms: int) -> float:
+    """The fused walk over chains of `chunks` chunks: one CTA per (chain, head), one CTA an SM; the longest chain,
+    or as many rounds of CTAs as the SMs need times the mean chain, whichever is longer."""
+    ctas = len(chunks) * h_v
+    return FUSED_STEP_US * max(max(chunks), -(-ctas // num_sms) * sum(chunks) / len(chunks))
+
+
+def predict_fused_us(
+    chunks: list[int],
+    h_v: int,
+    num_sms: int,
+    piece: int | None,
+    h: CPHeuristics = STAGE0_HEURISTICS,
+    rev: str = DEFAULT_REV,
+) -> float:
+    """Predicted time of the fused backward less its group sums: stage 0 (over pieces with CP), with CP pass A
+    and the combine, and the fused walk."""
+    stage0 = predict_us(chunks, h_v, num_sms, piece, h)[0]
+    pieces = [p for c in chunks for p in split_counts(c, piece)]
+    if piece is None or len(pieces) == len(chunks):
+        return stage0 + fused_walk_us(chunks, h_v, num_sms)
+    links = max(len(split_counts(c, piece)) for c in chunks) - 1
+    pass_a = DVL_WK_US * sum(chunks) * h_v + stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US
+    combine = h.combine_setup_us + links * h.combine_link_us
+    return stage0 + pass_a + combine + fused_walk_us(pieces, h_v, num_sms)
+
+
+def choose_fused_cp(
+    chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = STAGE0_HEURISTICS, rev: str = DEFAULT_REV
+) -> int | None:
+    """The piece length with the shortest predicted fused backward, or None when none beats no CP by MARGIN."""
+    if h_v < 1 or num_sms < 1 or not chunks or min(chunks) < 1:
+        raise ValueError(f"need h_v >= 1, num_sms >= 1 and sequences of >= 1 chunk; got h_v={h_v}, "
+                         f"num_sms={num_sms}, chunks={chunks[:8]}")  # fmt: skip
+    base = predict_fused_us(chunks, h_v, num_sms, None, h, rev)
+    best, best_us = None, base
+    for piece in h.piece_candidates(max(chunks)):
+        t = predict_fused_us(chunks, h_v, num_sms, piece, h, rev)
+        if t < best_us:
+            best, best_us = piece, t
+    return best if best is not None and best_us <= base * (1.0 - MARGIN) else None
+
+
+def fused_piece_chunks(chunk_plan: ChunkPlan, h_v: int, num_sms: int, rev: str = DEFAULT_REV) -> int | None:
+    """choose_fused_cp for a ChunkPlan's sequences, cached like bwd_piece_chunks (no host sync)."""
+    return _pieces.get(
+        chunk_plan, ("fused", h_v, num_sms, rev), lambda chunks, _cu: choose_fused_cp(chunks, h_v, num_sms, rev=rev)
+    )

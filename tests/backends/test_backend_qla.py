@@ -51,7 +51,7 @@ def test_modes_and_flags(monkeypatch):
     pytest.importorskip("qla_kernels.gdn.api")
     for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE", "QLA_CP_COMBINE_REV", "QLA_CP_COMBINE_BV",
                 "QLA_CP_COMBINE_THREADS", "QLA_BWD_CP", "QLA_BWD_GRADS", "QLA_BWD_GROUP_SUM",
-                "QLA_BWD_OVERLAP"):  # fmt: skip
+                "QLA_BWD_OVERLAP", "QLA_BWD_FUSED"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     b = QlaBackend()
     assert b.modes == ("fwd", "bwd", "train")
@@ -87,6 +87,9 @@ def test_modes_and_flags(monkeypatch):
     assert flags["qla_bwd_overlap"] == "off"
     monkeypatch.setenv("QLA_BWD_OVERLAP", "1")
     assert b.env_flags()["qla_bwd_overlap"] == "stage 0 beside stage 1"
+    assert flags["qla_bwd_fused"] == "off"
+    monkeypatch.setenv("QLA_BWD_FUSED", "1")
+    assert b.env_flags()["qla_bwd_fused"].startswith("chain and gradients in one walk")
 
 
 def test_bwd_and_train_map_the_six_gradients(make_inputs, naive_gdn_grads, install_module):

@@ -85,13 +85,16 @@ def make(cu, h_qk, h_v, seed):
     return q, k, v, gc, beta, a0, do, ds
 
 
-def reference(q, k, v, gc, beta, a0, do, ds_last, cu):
-    """float64: per chunk (S_c, dS'_c) and the chunk's gradients, from the specification."""
+def reference(q, k, v, gc, beta, a0, do, ds_last, cu, extra=False):
+    """float64: per chunk (S_c, dS'_c) and the chunk's gradients, from the specification; extra=True adds dv and
+    dh0 (the gradient of each sequence's start state) to the gradients."""
     h_qk, h_v = q.shape[2], gc.shape[2]
     r = h_v // h_qk
     f = [x[0].double() for x in (q, k, v, gc, beta, a0, do)]
-    states, ds_next, grads = [], [], {n: torch.zeros(q.shape[1], h_v, D, dtype=torch.float64) for n in ("dq", "dk")}
+    names = ("dq", "dk", "dv") if extra else ("dq", "dk")
+    states, ds_next, grads = [], [], {n: torch.zeros(q.shape[1], h_v, D, dtype=torch.float64) for n in names}
     grads.update({n: torch.zeros(q.shape[1], h_v, dtype=torch.float64) for n in ("dbeta", "dg")})
+    dh0 = []
     for s, (lo, hi) in enumerate(itertools.pairwise(cu)):
         st = torch.randn(h_v, D, D, generator=torch.Generator().manual_seed(s), dtype=torch.float64) / 4
         starts = list(range(lo, hi, 64))
@@ -110,6 +113,9 @@ def reference(q, k, v, gc, beta, a0, do, ds_last, cu):
             dsn = out["ds"]
         states += seq_states
         ds_next += reversed(seq_ds)
+        dh0.append(dsn)
+    if extra:
+        grads["dh0"] = torch.stack(dh0)
     return torch.stack(states), torch.stack(ds_next), grads
 
 
@@ -129,4 +135,34 @@ def test_chunk_grads_match_float64(kernel, case):
     kernel(q, k, v, gc, beta, a0, do, states.float(), ds_next.float(), plan.cu_seqlens, plan.chunk_indices,
            out["dq"], out["dk"], out["dbeta"], out["dg"])  # fmt: skip
     errs = {n: rel(out[n][0], ref[n]) for n in ref}
+    assert all(e < 1e-4 for e in errs.values()), errs
+
+
+@pytest.fixture(scope="module")
+def fused_kernel():
+    cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
+    program = bwd_chunk_grads_program(
+        D, D, SCALE, "float32", cpu_debug=True, tile_loads=True, hoist_index=True, dw_beta_fp32=True,
+        gamma_frag=True, store_dv=True, lean=True, fused=True,
+    )  # fmt: skip
+    return tilelang.compile(program, target="c", pass_configs=cfg)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}")
+def test_fused_walk_matches_float64(fused_kernel, case):
+    """The fused backward (session 23): one CTA per (sequence, value head) walks the chunks last to first, carrying
+    dS' in fp32 through its slot of ds_slots (dht in, dh0 out) while it forms every chunk's gradients and dv; the
+    chunk start states are inputs. Every gradient, dv and dh0 against float64."""
+    cu, h_qk, h_v = case
+    q, k, v, gc, beta, a0, do, ds_last = make(cu, h_qk, h_v, seed=len(cu) + 10 * h_v)
+    states, _, ref = reference(q, k, v, gc, beta, a0, do, ds_last, cu, extra=True)
+    plan = build_plan_from_list(cu, "cpu")
+    nt = cu[-1]
+    out = {n: torch.full((1, nt, h_v, D), float("nan")) for n in ("dq", "dk", "dv")}
+    out.update({n: torch.full((1, nt, h_v), float("nan")) for n in ("dbeta", "dg")})
+    slots = torch.stack(ds_last).float()  # dht in; dh0 out
+    fused_kernel(q, k, v, gc, beta, a0, do, states.float(), slots, plan.cu_seqlens, plan.chunk_offsets,
+                 out["dq"], out["dk"], out["dbeta"], out["dg"], out["dv"])  # fmt: skip
+    out["dh0"] = slots
+    errs = {n: rel(out[n][0] if n != "dh0" else out[n], ref[n]) for n in ref}
     assert all(e < 1e-4 for e in errs.values()), errs

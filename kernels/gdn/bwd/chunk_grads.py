@@ -57,6 +57,7 @@ def bwd_chunk_grads_program(
     pair_early: bool = False,
     lean: bool = False,
     dg_i2: bool = False,
+    fused: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -130,13 +131,17 @@ def bwd_chunk_grads_program(
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
     assert not ds_tma or tma_loads
-    assert not scan_dg or ds_tma
+    assert not scan_dg or ds_tma or (fused and tma_loads)
     assert not (store_dv and profile)
     assert not cluster_sum or (scan_dg and gva_ratio in (1, 2))
     assert not (cluster_probe and cluster_sum)
     assert not pair_early or (cluster_sum and gva_ratio == 2)
     assert not lean or (dw_beta_fp32 and not pair_early)
     assert not dg_i2 or lean
+    # fused (session 23): the walk over a piece's chunks, dS' carried in fp32 through `ds_next` (one [K, V] slot per
+    # piece and value head, L2-resident); rev 12's math and roundings, dv stored, per value head, no TMA of dS'
+    assert not fused or (lean and not dg_i2 and tile_loads and hoist_index and store_dv and not ds_tma and not profile)
+    assert not fused or not (cluster_sum or cluster_probe)
     pair = cluster_sum and gva_ratio == 2  # two CTAs exchange tiles
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
@@ -265,24 +270,34 @@ def bwd_chunk_grads_program(
     @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof, dv_out):  # fmt: skip
-        with T.Kernel(nc * h_v, threads=threads, cluster_dims=2 if pair or cluster_probe else None) as (bid,):
-            if hoist_index:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
+        grid = (ns - 1) * h_v if fused else nc * h_v
+        with T.Kernel(grid, threads=threads, cluster_dims=2 if pair or cluster_probe else None) as (bid,):
+            # the CTA's chunks, last to first: n_iter of them (one unless fused), the last at (c_last, t_last)
+            piece = bid // h_v  # fused: the CTA's piece (a sequence, or a CP piece of one)
+            if fused:  # chunk_indices holds the pieces' first chunks (chunk offsets) and ds_next a slot per piece
+                bh = T.alloc_var("int32", init=bid % h_v)
+                bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
+                end = T.alloc_var("int32", init=cu_seqlens[bid // h_v + 1])
+                n_iter = T.alloc_var("int32", init=T.ceildiv(cu_seqlens[bid // h_v + 1] - cu_seqlens[bid // h_v], C))
+                c_last = T.alloc_var("int32", init=chunk_indices[bid // h_v] + n_iter - 1)
+                t_last = T.alloc_var("int32", init=cu_seqlens[bid // h_v] + (n_iter - 1) * C)
+            elif hoist_index:  # the CTA's indices once, in registers (kkt v3h's lesson): substituted into
                 # every address instead, they cost 64-bit divisions per load
                 bh = T.alloc_var("int32", init=bid % h_v)
-                bc = T.alloc_var("int32", init=bid // h_v)
+                c_last = T.alloc_var("int32", init=bid // h_v)
                 bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
-                seq = T.alloc_var("int32", init=chunk_indices[bid // h_v, 0])
-                t0 = T.alloc_var(
+                t_last = T.alloc_var(
                     "int32", init=cu_seqlens[chunk_indices[bid // h_v, 0]] + chunk_indices[bid // h_v, 1] * C
                 )
                 end = T.alloc_var("int32", init=cu_seqlens[chunk_indices[bid // h_v, 0] + 1])
+                n_iter = 1
             else:
                 bh = bid % h_v
-                bc = bid // h_v
+                c_last = bid // h_v
                 bhg = bh // (h_v // h_qk)
-                seq = chunk_indices[bc, 0]
-                t0 = cu_seqlens[seq] + chunk_indices[bc, 1] * C
-                end = cu_seqlens[seq + 1]
+                t_last = cu_seqlens[chunk_indices[c_last, 0]] + chunk_indices[c_last, 1] * C
+                end = cu_seqlens[chunk_indices[c_last, 0] + 1]
+                n_iter = 1
 
             q_sh = alloc_sh((C, dk), dtype)
             k_sh = alloc_sh((C, dk), dtype)
@@ -337,322 +352,355 @@ def bwd_chunk_grads_program(
             gam = alloc_acc((C, C)) if gamma_frag else None
             ck2 = alloc_acc((C, dk)) if pair_early else None  # rev 10: dq while ck holds dk
 
-            stamp(prof, bid, 0)
-            # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
-            if tile_loads:
-                if tma_loads:
-                    loaded = T.alloc_barrier(arrive_count=[32, 32])
-                    if T.get_thread_binding() < 32:
-                        T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=loaded[0])
-                        T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=loaded[0])
-                        T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=loaded[0])
-                        T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=loaded[0])
-                        if ds_tma:  # dS' and q with the first set; dO once dS' is cast (it may take dS''s space)
-                            T.tma_copy(ds_next[bc, bh, 0:dk, 0:dv], ds32_sh, barrier=loaded[0])
-                            T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[0])
-                        T.barrier_arrive(loaded[0])
+            loaded = T.alloc_barrier(arrive_count=[32, 32]) if tma_loads else None  # parity: the chunk's step, mod 2
+
+            for it in T.serial(n_iter):
+                bc = c_last - it  # the chunk (global index: states) and its first token
+                t0 = t_last - it * C
+                slot = piece if fused else bc  # dS' of the chunk: the piece's slot, or the chunk's own
+                stamp(prof, bid, 0)
+                # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
+                if tile_loads:
+                    if tma_loads:
+                        if T.get_thread_binding() < 32:
+                            T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=loaded[0])
+                            T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=loaded[0])
+                            T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=loaded[0])
+                            T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=loaded[0])
+                            if ds_tma:  # dS' and q with the first set; dO once dS' is cast (it may take dS''s space)
+                                T.tma_copy(ds_next[bc, bh, 0:dk, 0:dv], ds32_sh, barrier=loaded[0])
+                                T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[0])
+                            T.barrier_arrive(loaded[0])
+                            if not ds_tma:
+                                T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[1])
+                                T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
+                                T.barrier_arrive(loaded[1])
                         if not ds_tma:
-                            T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[1])
-                            T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
-                            T.barrier_arrive(loaded[1])
-                    if not ds_tma:
-                        T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)  # global -> registers while the bulk copies fly
+                            T.copy(ds_next[slot, bh, 0:dk, 0:dv], sds)  # global -> registers while the bulk copies fly
+                        for i in T.Parallel(C):
+                            g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+                            b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
+                        if gamma_frag:  # g_sh[C - 1] below and Gamma read other warps' entries (revs 4-6 race on it)
+                            T.sync_threads()
+                        for i in T.Parallel(C):
+                            d_sh[i] = T.exp2(g_sh[i] * LOG2E)
+                            dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
+                        T.barrier_wait(loaded[0], it % 2)
+                        if not ds_tma:  # rev 7 waits for dO at its first use (dVn)
+                            T.barrier_wait(loaded[1], it % 2)
+                    else:
+                        T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
+                        T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
+                        T.copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh)
+                        T.copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh)
+                        T.copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh)
+                    if end - t0 < C:  # the sequence's last chunk: the rows after its end are not its own
+                        for i, j in T.Parallel(C, dk):
+                            if t0 + i >= end:
+                                q_sh[i, j] = T.cast(0, dtype)
+                                k_sh[i, j] = T.cast(0, dtype)
+                        for i, j in T.Parallel(C, dv):
+                            if t0 + i >= end:
+                                v_sh[i, j] = T.cast(0, dtype)
+                                if not ds_tma:
+                                    do_sh[i, j] = T.cast(0, dtype)
+                    for i, j in T.Parallel(C, C):
+                        a_sh[i, j] = T.if_then_else(i >= j and t0 + i < end, a_sh[i, j], T.cast(0, dtype))
+                else:
+                    for i, j in T.Parallel(C, dk):
+                        q_sh[i, j] = T.if_then_else(
+                            t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype)
+                        )
+                        k_sh[i, j] = T.if_then_else(
+                            t0 + i < end, k[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype)
+                        )
+                    for i, j in T.Parallel(C, dv):
+                        v_sh[i, j] = T.if_then_else(
+                            t0 + i < end, v[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)
+                        )
+                        do_sh[i, j] = T.if_then_else(
+                            t0 + i < end, grad_o[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)
+                        )
+                    for i, j in T.Parallel(C, C):
+                        a_sh[i, j] = T.if_then_else(
+                            i >= j,
+                            T.if_then_else(t0 + i < end, a0[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)),
+                            T.cast(0, dtype),
+                        )
+                if not tma_loads:  # rev 4 loads these while its bulk copies fly (the same lines, above)
                     for i in T.Parallel(C):
                         g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                         b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
-                    if gamma_frag:  # g_sh[C - 1] below and Gamma read other warps' entries (revs 4-6 race on it)
-                        T.sync_threads()
                     for i in T.Parallel(C):
                         d_sh[i] = T.exp2(g_sh[i] * LOG2E)
                         dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
-                    T.barrier_wait(loaded[0], 0)
-                    if not ds_tma:  # rev 7 waits for dO at its first use (dVn)
-                        T.barrier_wait(loaded[1], 0)
-                else:
-                    T.copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh)
-                    T.copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh)
-                    T.copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh)
-                    T.copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh)
-                    T.copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh)
-                if end - t0 < C:  # the sequence's last chunk: the rows after its end are not its own
-                    for i, j in T.Parallel(C, dk):
-                        if t0 + i >= end:
-                            q_sh[i, j] = T.cast(0, dtype)
-                            k_sh[i, j] = T.cast(0, dtype)
-                    for i, j in T.Parallel(C, dv):
-                        if t0 + i >= end:
-                            v_sh[i, j] = T.cast(0, dtype)
-                            if not ds_tma:
-                                do_sh[i, j] = T.cast(0, dtype)
-                for i, j in T.Parallel(C, C):
-                    a_sh[i, j] = T.if_then_else(i >= j and t0 + i < end, a_sh[i, j], T.cast(0, dtype))
-            else:
-                for i, j in T.Parallel(C, dk):
-                    q_sh[i, j] = T.if_then_else(t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
-                    k_sh[i, j] = T.if_then_else(t0 + i < end, k[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
-                for i, j in T.Parallel(C, dv):
-                    v_sh[i, j] = T.if_then_else(t0 + i < end, v[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
-                    do_sh[i, j] = T.if_then_else(
-                        t0 + i < end, grad_o[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)
-                    )
-                for i, j in T.Parallel(C, C):
-                    a_sh[i, j] = T.if_then_else(
-                        i >= j,
-                        T.if_then_else(t0 + i < end, a0[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype)),
-                        T.cast(0, dtype),
-                    )
-            if not tma_loads:  # rev 4 loads these while its bulk copies fly (the same lines, above)
-                for i in T.Parallel(C):
-                    g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
-                    b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
-                for i in T.Parallel(C):
-                    d_sh[i] = T.exp2(g_sh[i] * LOG2E)
-                    dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
-            if gamma_frag:
-                for i, j in T.Parallel(C, C):
-                    gam[i, j] = gamma_of(g_sh, i, j)
-            stamp(prof, bid, 1)
-            # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
-            if tile_loads:
-                if not tma_loads:  # rev 4 has both already
-                    T.copy(states[bc, bh, 0:dk, 0:dv], s_sh)
-                    T.copy(ds_next[bc, bh, 0:dk, 0:dv], sds)
-                if ds_tma:
-                    for i, j in T.Parallel(dk, dv):
-                        ds_sh[i, j] = T.cast(ds32_sh[i, j], dtype)
-                        sds[i, j] = ds32_sh[i, j] * T.cast(s_sh[i, j], acc)
-                    T.sync_threads()  # every read of dS' is done: dO's copy may land in its space
-                    if T.get_thread_binding() < 32:
-                        T.fence_proxy_async()
-                        T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
-                        T.barrier_arrive(loaded[1])
-                else:
-                    for i, j in T.Parallel(dk, dv):
-                        ds_sh[i, j] = T.cast(sds[i, j], dtype)
-                        sds[i, j] = sds[i, j] * T.cast(s_sh[i, j], acc)
-            else:
-                for i, j in T.Parallel(dk, dv):
-                    s_sh[i, j] = states[bc, bh, i, j]
-                    ds_sh[i, j] = T.cast(ds_next[bc, bh, i, j], dtype)
-                    sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
-            reduce_sum(sds, sds_rows, red_k, 1)
-
-            stamp(prof, bid, 2)
-            # W = V - D (K S), Vn = Ag W
-            mm(k_sh, s_sh, cv)  # K S
-            if ds_tma:  # the merged build may give w_sh v_sh's space: read all of V before W is stored
-                for i, j in T.Parallel(C, dv):
-                    cv[i, j] = T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j]
-                T.sync_threads()
-                for i, j in T.Parallel(C, dv):
-                    w_sh[i, j] = T.cast(cv[i, j], dtype)
-            else:
-                for i, j in T.Parallel(C, dv):
-                    w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
-            for i, j in T.Parallel(C, C):
-                ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j) * b_sh[j], dtype)
-            mm(ag_sh, w_sh, cv)  # Vn
-            for i, j in T.Parallel(C, dv):
-                vn_sh[i, j] = T.cast(cv[i, j], dtype)
-                vnr_sh[i, j] = T.cast(dr_sh[i] * cv[i, j], dtype)
-            mm(q_sh, k_sh, cc, transpose_b=True)  # Q K^T
-            for i, j in T.Parallel(C, C):
-                p_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc[i, j], dtype)
-            stamp(prof, bid, 3)
-            # dVn = P^T dO + D_r (K dS'); x_i = D_r,i sum_v (K dS')_iv Vn_iv
-            if not lean:  # rev 12 takes x from dk's first product
-                mm(k_sh, ds_sh, cv)  # K dS'
-                for i, j in T.Parallel(C, dv):
-                    cv[i, j] = cv[i, j] * T.cast(vnr_sh[i, j], acc)
-                reduce_sum(cv, x_sh, red_cv, 1)
-            mm(k_sh, ds_sh, cv)
-            for i, j in T.Parallel(C, dv):
-                cv[i, j] = dr_sh[i] * cv[i, j]
-            if ds_tma:  # dO: first used here
-                T.barrier_wait(loaded[1], 0)
-                if end - t0 < C:
-                    for i, j in T.Parallel(C, dv):
-                        if t0 + i >= end:
-                            do_sh[i, j] = T.cast(0, dtype)
-            mm(p_sh, do_sh, cv, transpose_a=True, clear=False)
-            for i, j in T.Parallel(C, dv):
-                dvn_sh[i, j] = T.cast(cv[i, j], dtype)
-            stamp(prof, bid, 4)
-            # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
-            if dw_beta_fp32:
-                for i, j in T.Parallel(C, C):  # Ag without beta (Vn above used the rounded Ag with it)
-                    ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j), dtype)
-                mm(ag_sh, dvn_sh, cv, transpose_a=True)
-                if lean:  # dbeta's first part = rowsum(W o dW~) (I1); rev 13: then <V, dv> after beta
-                    for i, j in T.Parallel(C, dv):
-                        ck[i, j] = cv[i, j] * T.cast(w_sh[i, j], acc)
-                    reduce_sum(ck, col_a, red_ck, 1)
-                for i, j in T.Parallel(C, dv):
-                    cv[i, j] = b_sh[i] * cv[i, j]
-                if dg_i2:
-                    for i, j in T.Parallel(C, dv):
-                        ck[i, j] = cv[i, j] * T.cast(v_sh[i, j], acc)
-                    reduce_sum(ck, row_v, red_ck, 1)
-            else:
-                mm(ag_sh, dvn_sh, cv, transpose_a=True)
-            if store_dv:  # dv of the chunk's tokens
-                for i, j in T.Parallel(C, dv):
-                    if t0 + i < end:
-                        dv_out[0, t0 + i, bh, j] = T.cast(cv[i, j], dtype)
-            for i, j in T.Parallel(C, dv):
-                dwd_sh[i, j] = T.cast(d_sh[i] * cv[i, j], dtype)
-            if not dg_i2:  # rev 13 has no such term (I2)
-                mm(k_sh, s_sh, cv)  # K S again (the accumulator was reused)
-                for i, j in T.Parallel(C, dv):
-                    cv[i, j] = cv[i, j] * T.cast(dwd_sh[i, j], acc)
-                reduce_sum(cv, row_b, red_cv, 1)  # sum_v D dW o KS
-            if not lean:  # rev 12 takes it from dq's first product
-                # row_a[i] = scale sum_v dO_iv (Q S)_iv
-                mm(q_sh, s_sh, cv)
-                for i, j in T.Parallel(C, dv):
-                    cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
-                reduce_sum(cv, row_a, red_cv, 1)
-
-            stamp(prof, bid, 5)
-            # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
-            mm(do_sh, vn_sh, cc2, transpose_b=True)
-            for i, j in T.Parallel(C, C):
-                dqk_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc2[i, j], dtype)
-                cc2[i, j] = T.cast(p_sh[i, j], acc) * cc2[i, j]  # scale Gamma QK^T dP (0 above the diagonal)
-            if dg_i2:  # rev 13: rowsum(P o dO Vn^T) is dg's only pair term (I2)
-                reduce_sum(cc2, row_p, red_c2r, 1)
-            # dAg = (dVn W^T) o L
-            mm(dvn_sh, w_sh, cc, transpose_b=True)
-            if dg_i2:
-                for i, j in T.Parallel(C, C):
-                    da0_sh[i, j] = T.cast(
-                        T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype
-                    )
-            else:
-                for i, j in T.Parallel(C, C):
-                    cc2[i, j] = cc2[i, j] + T.if_then_else(
-                        i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gamma(g_sh, gam, i, j), 0.0
-                    )
-                    da0_sh[i, j] = T.cast(
-                        T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype
-                    )
-                    if not lean:  # rev 12 has dbeta's first part from rowsum(W o dW~) (I1)
-                        cc[i, j] = T.if_then_else(
-                            i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * T.cast(a_sh[i, j], acc), 0.0
-                        )
-                if not lean:
-                    reduce_sum(cc, col_a, red_ccc, 0)  # dbeta, first part
-                # gates: dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + sum_j pair_ij - sum_j pair_ji
-                # (rev 12 adds its first and third terms at the end: they come from dq's and dk's products)
-                for i in T.Parallel(C):
-                    if lean:
-                        dgc_sh[i] = -row_b[i]
+                if gamma_frag:
+                    for i, j in T.Parallel(C, C):
+                        gam[i, j] = gamma_of(g_sh, i, j)
+                stamp(prof, bid, 1)
+                # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
+                if tile_loads:
+                    if not tma_loads:  # rev 4 has both already
+                        T.copy(states[bc, bh, 0:dk, 0:dv], s_sh)
+                        T.copy(ds_next[slot, bh, 0:dk, 0:dv], sds)
+                    if ds_tma:
+                        for i, j in T.Parallel(dk, dv):
+                            ds_sh[i, j] = T.cast(ds32_sh[i, j], dtype)
+                            sds[i, j] = ds32_sh[i, j] * T.cast(s_sh[i, j], acc)
+                        T.sync_threads()  # every read of dS' is done: dO's copy may land in its space
+                        if T.get_thread_binding() < 32:
+                            T.fence_proxy_async()
+                            T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
+                            T.barrier_arrive(loaded[1])
                     else:
-                        dgc_sh[i] = d_sh[i] * row_a[i] - row_b[i] - x_sh[i]
+                        for i, j in T.Parallel(dk, dv):
+                            ds_sh[i, j] = T.cast(sds[i, j], dtype)
+                            sds[i, j] = sds[i, j] * T.cast(s_sh[i, j], acc)
+                else:
+                    for i, j in T.Parallel(dk, dv):
+                        s_sh[i, j] = states[bc, bh, i, j]
+                        ds_sh[i, j] = T.cast(ds_next[bc, bh, i, j], dtype)
+                        sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
+                reduce_sum(sds, sds_rows, red_k, 1)
+
+                stamp(prof, bid, 2)
+                # W = V - D (K S), Vn = Ag W
+                mm(k_sh, s_sh, cv)  # K S
+                if ds_tma or fused:  # the merged build may give w_sh v_sh's space: read all of V before W is stored
+                    for i, j in T.Parallel(C, dv):
+                        cv[i, j] = T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j]
+                    T.sync_threads()
+                    for i, j in T.Parallel(C, dv):
+                        w_sh[i, j] = T.cast(cv[i, j], dtype)
+                else:
+                    for i, j in T.Parallel(C, dv):
+                        w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
+                for i, j in T.Parallel(C, C):
+                    ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j) * b_sh[j], dtype)
+                mm(ag_sh, w_sh, cv)  # Vn
+                for i, j in T.Parallel(C, dv):
+                    vn_sh[i, j] = T.cast(cv[i, j], dtype)
+                    vnr_sh[i, j] = T.cast(dr_sh[i] * cv[i, j], dtype)
+                mm(q_sh, k_sh, cc, transpose_b=True)  # Q K^T
+                for i, j in T.Parallel(C, C):
+                    p_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc[i, j], dtype)
+                stamp(prof, bid, 3)
+                # dVn = P^T dO + D_r (K dS'); x_i = D_r,i sum_v (K dS')_iv Vn_iv
+                if not lean:  # rev 12 takes x from dk's first product
+                    mm(k_sh, ds_sh, cv)  # K dS'
+                    for i, j in T.Parallel(C, dv):
+                        cv[i, j] = cv[i, j] * T.cast(vnr_sh[i, j], acc)
+                    reduce_sum(cv, x_sh, red_cv, 1)
+                mm(k_sh, ds_sh, cv)
+                for i, j in T.Parallel(C, dv):
+                    cv[i, j] = dr_sh[i] * cv[i, j]
+                if ds_tma:  # dO: first used here
+                    T.barrier_wait(loaded[1], it % 2)
+                    if end - t0 < C:
+                        for i, j in T.Parallel(C, dv):
+                            if t0 + i >= end:
+                                do_sh[i, j] = T.cast(0, dtype)
+                mm(p_sh, do_sh, cv, transpose_a=True, clear=False)
+                for i, j in T.Parallel(C, dv):
+                    dvn_sh[i, j] = T.cast(cv[i, j], dtype)
+                stamp(prof, bid, 4)
+                # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
+                if dw_beta_fp32:
+                    for i, j in T.Parallel(C, C):  # Ag without beta (Vn above used the rounded Ag with it)
+                        ag_sh[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gamma(g_sh, gam, i, j), dtype)
+                    mm(ag_sh, dvn_sh, cv, transpose_a=True)
+                    if lean:  # dbeta's first part = rowsum(W o dW~) (I1); rev 13: then <V, dv> after beta
+                        for i, j in T.Parallel(C, dv):
+                            ck[i, j] = cv[i, j] * T.cast(w_sh[i, j], acc)
+                        reduce_sum(ck, col_a, red_ck, 1)
+                    for i, j in T.Parallel(C, dv):
+                        cv[i, j] = b_sh[i] * cv[i, j]
+                    if dg_i2:
+                        for i, j in T.Parallel(C, dv):
+                            ck[i, j] = cv[i, j] * T.cast(v_sh[i, j], acc)
+                        reduce_sum(ck, row_v, red_ck, 1)
+                else:
+                    mm(ag_sh, dvn_sh, cv, transpose_a=True)
+                if store_dv:  # dv of the chunk's tokens
+                    for i, j in T.Parallel(C, dv):
+                        if t0 + i < end:
+                            dv_out[0, t0 + i, bh, j] = T.cast(cv[i, j], dtype)
+                for i, j in T.Parallel(C, dv):
+                    dwd_sh[i, j] = T.cast(d_sh[i] * cv[i, j], dtype)
+                if not dg_i2:  # rev 13 has no such term (I2)
+                    mm(k_sh, s_sh, cv)  # K S again (the accumulator was reused)
+                    for i, j in T.Parallel(C, dv):
+                        cv[i, j] = cv[i, j] * T.cast(dwd_sh[i, j], acc)
+                    reduce_sum(cv, row_b, red_cv, 1)  # sum_v D dW o KS
+                if not lean:  # rev 12 takes it from dq's first product
+                    # row_a[i] = scale sum_v dO_iv (Q S)_iv
+                    mm(q_sh, s_sh, cv)
+                    for i, j in T.Parallel(C, dv):
+                        cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
+                    reduce_sum(cv, row_a, red_cv, 1)
+
+                stamp(prof, bid, 5)
+                # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
+                mm(do_sh, vn_sh, cc2, transpose_b=True)
+                for i, j in T.Parallel(C, C):
+                    dqk_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc2[i, j], dtype)
+                    cc2[i, j] = T.cast(p_sh[i, j], acc) * cc2[i, j]  # scale Gamma QK^T dP (0 above the diagonal)
+                if dg_i2:  # rev 13: rowsum(P o dO Vn^T) is dg's only pair term (I2)
+                    reduce_sum(cc2, row_p, red_c2r, 1)
+                # dAg = (dVn W^T) o L
+                mm(dvn_sh, w_sh, cc, transpose_b=True)
+                if dg_i2:
+                    for i, j in T.Parallel(C, C):
+                        da0_sh[i, j] = T.cast(
+                            T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype
+                        )
+                else:
+                    for i, j in T.Parallel(C, C):
+                        cc2[i, j] = cc2[i, j] + T.if_then_else(
+                            i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gamma(g_sh, gam, i, j), 0.0
+                        )
+                        da0_sh[i, j] = T.cast(
+                            T.if_then_else(i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * b_sh[j], 0.0), dtype
+                        )
+                        if not lean:  # rev 12 has dbeta's first part from rowsum(W o dW~) (I1)
+                            cc[i, j] = T.if_then_else(
+                                i >= j, cc[i, j] * gamma(g_sh, gam, i, j) * T.cast(a_sh[i, j], acc), 0.0
+                            )
+                    if not lean:
+                        reduce_sum(cc, col_a, red_ccc, 0)  # dbeta, first part
+                    # gates: dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + sum_j pair_ij - sum_j pair_ji
+                    # (rev 12 adds its first and third terms at the end: they come from dq's and dk's products)
+                    for i in T.Parallel(C):
+                        if lean:
+                            dgc_sh[i] = -row_b[i]
+                        else:
+                            dgc_sh[i] = d_sh[i] * row_a[i] - row_b[i] - x_sh[i]
+                    reduce_sum(cc2, row_a, red_c2r, 1)
+                    reduce_sum(cc2, row_c, red_c2c, 0)
+                    for i in T.Parallel(C):
+                        dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
+
+                stamp(prof, bid, 6)
+                # A0 path: dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL
+                mm(a_sh, da0_sh, cc, transpose_a=True)
+                for i, j in T.Parallel(C, C):
+                    t_sh[i, j] = T.cast(cc[i, j], dtype)
+                mm(t_sh, a_sh, cc, transpose_b=True)
+                mm(k_sh, k_sh, cc2, transpose_b=True)  # K K^T
+                for i, j in T.Parallel(C, C):
+                    cc[i, j] = T.if_then_else(i > j, -cc[i, j], 0.0)  # dL
+                    dkkt_sh[i, j] = T.cast(b_sh[i] * cc[i, j], dtype)
+                    cc2[i, j] = cc[i, j] * cc2[i, j]
                 reduce_sum(cc2, row_a, red_c2r, 1)
-                reduce_sum(cc2, row_c, red_c2c, 0)
                 for i in T.Parallel(C):
-                    dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
+                    if t0 + i < end:
+                        dbeta[0, t0 + i, bh] = col_a[i] + row_a[i]
 
-            stamp(prof, bid, 6)
-            # A0 path: dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL
-            mm(a_sh, da0_sh, cc, transpose_a=True)
-            for i, j in T.Parallel(C, C):
-                t_sh[i, j] = T.cast(cc[i, j], dtype)
-            mm(t_sh, a_sh, cc, transpose_b=True)
-            mm(k_sh, k_sh, cc2, transpose_b=True)  # K K^T
-            for i, j in T.Parallel(C, C):
-                cc[i, j] = T.if_then_else(i > j, -cc[i, j], 0.0)  # dL
-                dkkt_sh[i, j] = T.cast(b_sh[i] * cc[i, j], dtype)
-                cc2[i, j] = cc[i, j] * cc2[i, j]
-            reduce_sum(cc2, row_a, red_c2r, 1)
-            for i in T.Parallel(C):
-                if t0 + i < end:
-                    dbeta[0, t0 + i, bh] = col_a[i] + row_a[i]
-
-            stamp(prof, bid, 7)
-            if pair_early:  # rev 10: dk first; rank 0's dk leaves while both form dq
-                dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
-                T.cluster_sync()  # pair_sh's space is free in both CTAs (the merged plan places it by lifetime)
-                if bh % 2 == 0:
-                    pair_send(ck, pair_sh, pair_bar, 1)
-                dq_gemms(ck2, do_sh, s_sh, d_sh, dqk_sh, k_sh)
-                T.barrier_wait(pair_bar[0], 0)  # rank 0: rank 1's dq; rank 1: rank 0's dk
-                if bh % 2 == 0:
-                    T.cluster_arrive()  # rank 1's copy has landed: its source may be reused
-                    for i, j in T.Parallel(C, dk):
-                        if t0 + i < end:
-                            dq_v[0, t0 + i, bhg, j] = T.cast(ck2[i, j] + pair_sh[i, j], dtype)
-                else:
-                    for i, j in T.Parallel(C, dk):
-                        ck[i, j] = ck[i, j] + pair_sh[i, j]
-                    T.sync_threads()  # every read of rank 0's dk done before this CTA's dq overwrites it
-                    pair_send(ck2, pair_sh, pair_bar, 0)
-                    T.cluster_arrive()
-                    for i, j in T.Parallel(C, dk):
-                        if t0 + i < end:
-                            dk_v[0, t0 + i, bhg, j] = T.cast(ck[i, j], dtype)
-                T.cluster_wait()
-                T.sync_threads()
-            else:
-                if lean:
-                    dq_gemms_lean(ck, cv, red_cv, row_q, do_sh, s_sh, d_sh, dqk_sh, k_sh, q_sh)
-                else:
-                    dq_gemms(ck, do_sh, s_sh, d_sh, dqk_sh, k_sh)
-                if cluster_sum:
-                    group_store(ck, dq_v, pair_sh, pair_bar, 0, bh % 2, t0, end, bhg)
-                else:
-                    for i, j in T.Parallel(C, dk):
-                        if t0 + i < end:
-                            dq_v[0, t0 + i, bh, j] = ck[i, j]
-                stamp(prof, bid, 8)
-                if lean:  # t_sh (the A0 path's) is free again: the symmetrised dKKt
-                    dk_gemms_lean(ck, cv, red_cv, x_sh, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, t_sh, k_sh, dwd_sh, s_sh)
-                else:
+                stamp(prof, bid, 7)
+                if pair_early:  # rev 10: dk first; rank 0's dk leaves while both form dq
                     dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
-                if cluster_sum:
-                    group_store(ck, dk_v, pair_sh, pair_bar, 1, bh % 2, t0, end, bhg)
+                    T.cluster_sync()  # pair_sh's space is free in both CTAs (the merged plan places it by lifetime)
+                    if bh % 2 == 0:
+                        pair_send(ck, pair_sh, pair_bar, 1)
+                    dq_gemms(ck2, do_sh, s_sh, d_sh, dqk_sh, k_sh)
+                    T.barrier_wait(pair_bar[0], 0)  # rank 0: rank 1's dq; rank 1: rank 0's dk
+                    if bh % 2 == 0:
+                        T.cluster_arrive()  # rank 1's copy has landed: its source may be reused
+                        for i, j in T.Parallel(C, dk):
+                            if t0 + i < end:
+                                dq_v[0, t0 + i, bhg, j] = T.cast(ck2[i, j] + pair_sh[i, j], dtype)
+                    else:
+                        for i, j in T.Parallel(C, dk):
+                            ck[i, j] = ck[i, j] + pair_sh[i, j]
+                        T.sync_threads()  # every read of rank 0's dk done before this CTA's dq overwrites it
+                        pair_send(ck2, pair_sh, pair_bar, 0)
+                        T.cluster_arrive()
+                        for i, j in T.Parallel(C, dk):
+                            if t0 + i < end:
+                                dk_v[0, t0 + i, bhg, j] = T.cast(ck[i, j], dtype)
+                    T.cluster_wait()
+                    T.sync_threads()
                 else:
-                    for i, j in T.Parallel(C, dk):
-                        if t0 + i < end:
-                            dk_v[0, t0 + i, bh, j] = ck[i, j]
+                    if lean:
+                        dq_gemms_lean(ck, cv, red_cv, row_q, do_sh, s_sh, d_sh, dqk_sh, k_sh, q_sh)
+                    else:
+                        dq_gemms(ck, do_sh, s_sh, d_sh, dqk_sh, k_sh)
+                    if cluster_sum:
+                        group_store(ck, dq_v, pair_sh, pair_bar, 0, bh % 2, t0, end, bhg)
+                    else:
+                        for i, j in T.Parallel(C, dk):
+                            if t0 + i < end:
+                                dq_v[0, t0 + i, bh, j] = ck[i, j]
+                    stamp(prof, bid, 8)
+                    if lean:  # t_sh (the A0 path's) is free again: the symmetrised dKKt
+                        dk_gemms_lean(
+                            ck, cv, red_cv, x_sh, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, t_sh, k_sh, dwd_sh, s_sh
+                        )
+                    else:
+                        dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
+                    if cluster_sum:
+                        group_store(ck, dk_v, pair_sh, pair_bar, 1, bh % 2, t0, end, bhg)
+                    else:
+                        for i, j in T.Parallel(C, dk):
+                            if t0 + i < end:
+                                dk_v[0, t0 + i, bh, j] = ck[i, j]
 
-            stamp(prof, bid, 9)
-            if dg_i2:  # I2: dgc_i = D_i scale <dO, QS>_i + rowsum(P o dO Vn^T)_i - <V, dv>_i
+                stamp(prof, bid, 9)
+                if dg_i2:  # I2: dgc_i = D_i scale <dO, QS>_i + rowsum(P o dO Vn^T)_i - <V, dv>_i
+                    for i in T.Parallel(C):
+                        dgc_sh[i] = row_q[i] + row_p[i] - row_v[i]
+                elif lean:  # the terms from dq's and dk's first products
+                    for i in T.Parallel(C):
+                        dgc_sh[i] = dgc_sh[i] + row_q[i] - x_sh[i]
+                # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
+                # each row sums dgamma = sum_j x_j + exp(gamma) <S, dS'> itself (x_j = 0 past the end)
+                n_valid = T.min(end - t0, C)
+                if scan_dg:  # rev 8: the total of the shared terms and the suffix sums of dgc by two scans
+                    for j in T.Parallel(C):
+                        row_c[j] = x_sh[j] + d_sh[C - 1] * (sds_rows[j] + sds_rows[j + C])
+                        col_a[j] = T.if_then_else(j < n_valid, dgc_sh[j], 0.0)  # dbeta's part was stored above
+                    T.cumsum(src=row_c, dim=0, reverse=True)  # row_c[0]: the total every row adds
+                    T.cumsum(src=col_a, dim=0, reverse=True)  # col_a[i] = sum_{i <= j < n} dgc_j
+                    for i in T.Parallel(C):
+                        row_a[i] = row_c[0] + col_a[i]
+                elif hoist_index:  # rev 3: the terms every row sums folded into C values first (64 steps, not 192)
+                    for j in T.Parallel(C):
+                        row_c[j] = x_sh[j] + d_sh[C - 1] * (sds_rows[j] + sds_rows[j + C])
+                    for i in T.Parallel(C):
+                        row_a[i] = 0.0
+                        for j in T.serial(C):
+                            row_a[i] = row_a[i] + row_c[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
+                else:
+                    for i in T.Parallel(C):
+                        row_a[i] = 0.0
+                        for j in T.serial(C):
+                            row_a[i] = row_a[i] + x_sh[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
+                        for j in T.serial(dk):
+                            row_a[i] = row_a[i] + d_sh[C - 1] * sds_rows[j]
                 for i in T.Parallel(C):
-                    dgc_sh[i] = row_q[i] + row_p[i] - row_v[i]
-            elif lean:  # the terms from dq's and dk's first products
-                for i in T.Parallel(C):
-                    dgc_sh[i] = dgc_sh[i] + row_q[i] - x_sh[i]
-            # dg_i = sum_{i <= j < n} dgc_j + dgamma (it lands on row n - 1, which every valid i sums);
-            # each row sums dgamma = sum_j x_j + exp(gamma) <S, dS'> itself (x_j = 0 past the end)
-            n_valid = T.min(end - t0, C)
-            if scan_dg:  # rev 8: the total of the shared terms and the suffix sums of dgc by two scans
-                for j in T.Parallel(C):
-                    row_c[j] = x_sh[j] + d_sh[C - 1] * (sds_rows[j] + sds_rows[j + C])
-                    col_a[j] = T.if_then_else(j < n_valid, dgc_sh[j], 0.0)  # dbeta's part was stored above
-                T.cumsum(src=row_c, dim=0, reverse=True)  # row_c[0]: the total every row adds
-                T.cumsum(src=col_a, dim=0, reverse=True)  # col_a[i] = sum_{i <= j < n} dgc_j
-                for i in T.Parallel(C):
-                    row_a[i] = row_c[0] + col_a[i]
-            elif hoist_index:  # rev 3: the terms every row sums folded into C values first (64 steps, not 192)
-                for j in T.Parallel(C):
-                    row_c[j] = x_sh[j] + d_sh[C - 1] * (sds_rows[j] + sds_rows[j + C])
-                for i in T.Parallel(C):
-                    row_a[i] = 0.0
-                    for j in T.serial(C):
-                        row_a[i] = row_a[i] + row_c[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
-            else:
-                for i in T.Parallel(C):
-                    row_a[i] = 0.0
-                    for j in T.serial(C):
-                        row_a[i] = row_a[i] + x_sh[j] + T.if_then_else(j >= i and j < n_valid, dgc_sh[j], 0.0)
-                    for j in T.serial(dk):
-                        row_a[i] = row_a[i] + d_sh[C - 1] * sds_rows[j]
-            for i in T.Parallel(C):
-                if t0 + i < end:
-                    dg[0, t0 + i, bh] = row_a[i]
-            stamp(prof, bid, 10)
+                    if t0 + i < end:
+                        dg[0, t0 + i, bh] = row_a[i]
+                stamp(prof, bid, 10)
+                if fused:  # the chain's step: dS = exp(gamma) dS' + Q^T (scale D dO) - K^T (D dW) into the piece's slot
+                    T.sync_threads()  # every product that reads w_sh, vn_sh or ds_sh is done
+                    for i, j in T.Parallel(C, dv):  # scale D dO as stage 1 rev 4 rounds it: high and low parts
+                        w_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+                        vn_sh[i, j] = T.cast(
+                            scale * d_sh[i] * T.cast(do_sh[i, j], acc)
+                            - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
+                            dtype,
+                        )
+                    for i, j in T.Parallel(dk, dv):
+                        sds[i, j] = d_sh[C - 1] * ds_next[piece, bh, i, j]
+                    T.sync_threads()
+                    mm(q_sh, w_sh, sds, transpose_a=True, clear=False)
+                    mm(q_sh, vn_sh, sds, transpose_a=True, clear=False)
+                    mm(k_sh, dwd_sh, sds, transpose_a=True, clear=False)  # dwd_sh holds -D dW (dk's last product)
+                    for i, j in T.Parallel(dk, dv):
+                        ds_next[piece, bh, i, j] = sds[i, j]
+                    if not cpu_debug:  # this step's generic writes to the tiles before the next step's bulk copies
+                        T.fence_proxy_async()
+                    T.sync_threads()
 
     gh = h_qk if cluster_sum else h_v  # dq, dk: the group's sum in the input dtype, or per value head in fp32
     gdt = dtype if cluster_sum else acc
@@ -682,6 +730,32 @@ def bwd_chunk_grads_program(
                  dg, prof, None)  # fmt: skip
 
         return bwd_chunk_grads_profile
+
+    if fused:
+
+        @T.prim_func
+        def bwd_fused(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+            states: T.Tensor((nc, h_v, dk, dv), dtype),
+            ds_slots: T.Tensor((ns - 1, h_v, dk, dv), acc),
+            cu_seqlens: T.Tensor((ns,), "int32"),
+            chunk_offsets: T.Tensor((ns,), "int32"),
+            dq_v: T.Tensor((1, nt, h_v, dk), acc),
+            dk_v: T.Tensor((1, nt, h_v, dk), acc),
+            dbeta: T.Tensor((1, nt, h_v), acc),
+            dg: T.Tensor((1, nt, h_v), acc),
+            dv_out: T.Tensor((1, nt, h_v, dv), dtype),
+        ):
+            body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_slots, cu_seqlens, chunk_offsets, dq_v, dk_v, dbeta,
+                 dg, None, dv_out)  # fmt: skip
+
+        return bwd_fused
 
     if store_dv:
 
@@ -744,7 +818,8 @@ _SIGNATURE = inspect.signature(bwd_chunk_grads_program)
 
 def bwd_chunk_grads_kernel(*args, **kwargs):
     """The compiled program for these arguments (bwd_chunk_grads_program's), with MERGED_PASS_CONFIGS when
-    ds_tma is set."""
+    ds_tma or fused is set (the fused walk needs 275 KiB of shared memory unmerged, 218 merged)."""
     bound = _SIGNATURE.bind(*args, **kwargs)
     bound.apply_defaults()
-    return (_kernel_merged if bound.arguments["ds_tma"] else _kernel)(*args, **kwargs)
+    merged = bound.arguments["ds_tma"] or bound.arguments["fused"]
+    return (_kernel_merged if merged else _kernel)(*args, **kwargs)
