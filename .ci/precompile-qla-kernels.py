@@ -98,6 +98,10 @@ def variants() -> list[tuple[str, str, tuple]]:
                 out.append((f"bwd dstate chain {rev} bv{bv} dht={use_dht}", "bwd_dstate_kernel",
                             (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_dht, bv, 256, False, True, 2, True,
                              rev != "rev3", rev == "rev5")))  # fmt: skip
+    for bv in (64, 32):  # the fused backward's pass A (bwd_api._bwd_fused: rev4, from zero, no dS' stored)
+        out.append((f"bwd dstate chain rev4 bv{bv} pass A", "bwd_dstate_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, bv, 256, False, True, 2, True, True, False,
+                     False)))  # fmt: skip
     out.append(("bwd dvl wk", "bwd_dvl_wk_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16")))
     for rev in ("rev4", "rev6", "rev7", "rev8"):  # what bwd_api runs with stage 1 rev3 (dv written by stage 2)
         threads, *flags = GRADS_FLAGS[rev]

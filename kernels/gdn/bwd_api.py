@@ -536,16 +536,17 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
             out.extend(_fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cpp.cu_seqlens, cpp.chunk_offsets,
                                    scale))  # fmt: skip
             return None, slots
-        # pass A: the chain from zero over the pieces (its dS' of every chunk is not used)
+        # pass A: the chain from zero over the pieces, storing only every piece's start gradient (ds_next is a
+        # one-chunk stand-in: the kernel never writes it)
         dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
         bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm, _step_rev())
-        ds_next = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
+        unused = torch.empty(1, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
         starts = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
         kernel = bwd_dstate_kernel(HEAD_DIM, HEAD_DIM, scale, dt, False, bv, 256, False, True, 2, True,
-                                   *_chain_flags(resolve_dstate_rev()))  # fmt: skip
-        kernel(qf, kf, gf, dof, dvl, wk, _dummy_state(h_v, qf.device), cpp.cu_seqlens, cpp.chunk_offsets, ds_next,
+                                   *_chain_flags(resolve_dstate_rev()), store_ds=False)  # fmt: skip
+        kernel(qf, kf, gf, dof, dvl, wk, _dummy_state(h_v, qf.device), cpp.cu_seqlens, cpp.chunk_offsets, unused,
                starts)  # fmt: skip
-        return ds_next, starts
+        return None, starts
 
     _, dh0 = dstate_cp(cpp, hm, dht.contiguous() if dht is not None else None, chain, combine_fn)
     return (*out, dh0)

@@ -133,3 +133,29 @@ def test_rev3_chain_over_precomputed_parts_matches_float64(rev3_kernels, case, s
     chains[(bv, use_dht, split)](q, k, gc, do, dvl, wk, dht, plan.cu_seqlens, plan.chunk_offsets, ds_next, dh0)
     ref_ds, _, ref_dh0 = dstate_chain(q, k, gc, beta, a0, do, dht if use_dht else None, SCALE, cu)
     assert rel(ds_next, ref_ds) < 2e-5 and rel(dh0, ref_dh0) < 2e-5
+
+
+def test_pass_a_chain_stores_only_the_start_gradients():
+    """store_ds=False (the fused backward's pass A, bwd_api._bwd_fused): dh0 as the storing chain computes it, and
+    ds_next, a one-chunk stand-in, left untouched."""
+    from qla_kernels.gdn.bwd.dvl_wk import bwd_dvl_wk_program
+    from qla_kernels.gdn.plan import build_plan_from_list
+
+    cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
+    pre = tilelang.compile(bwd_dvl_wk_program(D, D, SCALE, "float32", cpu_debug=True), target="c", pass_configs=cfg)
+    program = bwd_dstate_program(D, D, SCALE, "float32", False, block_v=64, cpu_debug=True, pipelined=True,
+                                 precomputed=True, dod_split=True, store_ds=False)  # fmt: skip
+    chain = tilelang.compile(program, target="c", pass_configs=cfg)
+    cu, h_qk, h_v = [0, 1, 65, 200], 1, 2
+    q, k, gc, beta, a0, do, _ = make(cu, h_qk, h_v, seed=7)
+    plan = build_plan_from_list(cu, "cpu")
+    nt = cu[-1]
+    dvl = torch.zeros(1, nt, h_v, D)
+    wk = torch.zeros(1, nt, h_v, D)
+    pre(q, k, gc, beta, a0, do, plan.cu_seqlens, plan.chunk_indices, dvl, wk)
+    unused = torch.full((1, h_v, D, D), float("nan"))
+    dh0 = torch.full((len(cu) - 1, h_v, D, D), float("nan"))
+    chain(q, k, gc, do, dvl, wk, torch.zeros(1, h_v, D, D), plan.cu_seqlens, plan.chunk_offsets, unused, dh0)
+    _, _, ref_dh0 = dstate_chain(q, k, gc, beta, a0, do, None, SCALE, cu)
+    assert rel(dh0, ref_dh0) < 2e-5
+    assert torch.isnan(unused).all()

@@ -40,6 +40,7 @@ def bwd_dstate_program(
     precomputed: bool = False,
     dod_split: bool = False,
     async_dod: bool = False,
+    store_ds: bool = True,
 ):
     """TileLang program: (q, k, g_cumsum, beta, A0, dO, dht, cu_seqlens, chunk_offsets) ->
     (dv [1,T,H_v,V] fp32, ds_next [num_chunks,H_v,K,V] fp32, dh0 [N,H_v,K,V] fp32). Varlen (B = 1).
@@ -68,6 +69,9 @@ def bwd_dstate_program(
     2.86e-3 with rev 3's rounding, 2.22e-3 with the split, 2.23e-3 with x unrounded. Compiled for sm_90a
     (no spills) and CPU-checked; NOT yet run on a GPU.
 
+    store_ds=False (the fused backward's pass A, with precomputed) leaves ds_next unwritten: only dh0 (each chain's
+    start gradient) is wanted there.
+
     async_dod=True (rev 5, with dod_split) takes the two Q^T (scale D dO) products off the step's dependent
     chain (dS' -> K dS' -> dVn -> Wk^T dVn): dS' is scaled by exp(gamma) first, then K dS' and the two
     Q^T products are issued without waiting (T.wgmma_gemm), only K dS' is waited for before dVn is formed,
@@ -89,7 +93,7 @@ def bwd_dstate_program(
     assert not async_dod or dod_split
     if precomputed:
         return _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages,
-                                           dod_split, async_dod)
+                                           dod_split, async_dod, store_ds)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -257,7 +261,7 @@ def bwd_dstate_program(
 
 
 def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads, cpu_debug, num_stages, dod_split,
-                                async_dod=False):
+                                async_dod=False, store_ds=True):
     """Stage 1 rev 3, and rev 4 with dod_split (see bwd_dstate_program): the chain over precomputed dvl and Wk."""
     C = CHUNK
     h_v = T.dynamic("h_v")
@@ -343,9 +347,11 @@ def _dstate_precomputed_program(dk, dv, scale, dtype, use_dht, block_v, threads,
                     gl_sh[i] = g_sh[i]
                     d_sh[i] = T.if_then_else(t0 + i < end, T.exp2(g_sh[i] * LOG2E), 0.0)
                     dr_sh[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
-                # dS' of this chunk: the gradient of the state after it
+                # dS' of this chunk: the gradient of the state after it (not stored by the fused backward's pass A,
+                # which needs only the pieces' start gradients)
                 for i, j in T.Parallel(dk, block_v):
-                    ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
+                    if store_ds:
+                        ds_next[first_chunk + c, bh, i, v0 + j] = ds[i, j]
                     ds_sh[i, j] = T.cast(ds[i, j], dtype)
                 if async_dod:  # rev 5: Q^T (scale D dO) issued with K dS', waited for at the step's end
                     for i, j in T.Parallel(C, block_v):
