@@ -452,6 +452,11 @@ def bwd_chunk_grads_program(
                             T.fence_proxy_async()
                             T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
                             T.barrier_arrive(loaded[1])
+                    elif fused:  # two passes: in one, TileLang puts a barrier in each of its 32 unrolled steps
+                        for i, j in T.Parallel(dk, dv):
+                            ds_sh[i, j] = T.cast(sds[i, j], dtype)
+                        for i, j in T.Parallel(dk, dv):
+                            sds[i, j] = sds[i, j] * T.cast(s_sh[i, j], acc)
                     else:
                         for i, j in T.Parallel(dk, dv):
                             ds_sh[i, j] = T.cast(sds[i, j], dtype)
@@ -682,7 +687,7 @@ def bwd_chunk_grads_program(
                         dg[0, t0 + i, bh] = row_a[i]
                 stamp(prof, bid, 10)
                 if fused:  # the chain's step: dS = exp(gamma) dS' + Q^T (scale D dO) - K^T (D dW) into the piece's slot
-                    T.sync_threads()  # every product that reads w_sh, vn_sh or ds_sh is done
+                    T.sync_threads()  # every product that reads w_sh or vn_sh is done
                     for i, j in T.Parallel(C, dv):  # scale D dO as stage 1 rev 4 rounds it: high and low parts
                         w_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
                         vn_sh[i, j] = T.cast(
