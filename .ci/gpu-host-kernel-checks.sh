@@ -34,17 +34,20 @@ ab() {
 }
 
 # Session 23 (S23_FUSED=1): the fused backward ($QLA_BWD_FUSED=1, off by default until this runs): the float64
-# checks of the whole backward with it (plain, then CP), then the harness's qwen35-bwd rows with it on and off, one
-# after the other, on $FUSED_HEADS (default: the most and the fewest heads).
+# checks of the whole backward with it (plain, then CP), then the harness's qwen35-bwd rows with it (all 32 configs,
+# to set against the committed staged rows of the same GPU; with FUSED_AB=1 instead both ways, one after the other,
+# on $FUSED_HEADS), then its kernel table at 16/32.
 if [ -n "${S23_FUSED:-}" ]; then
   STEP_ENV=QLA_BWD_FUSED=1 step fused-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
   STEP_ENV=QLA_BWD_FUSED=1 step fused-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
-  for v in 1 0; do
+  variants="1"; heads=""
+  [ -n "${FUSED_AB:-}" ] && { variants="1 0"; heads="--heads ${FUSED_HEADS:-16/32,2/4}"; }
+  for v in $variants; do
     budget=$(left); (( budget < 40 )) && { echo "skip bwd-fused$v: out of time"; continue; }
-    lim=$(( budget < 130 ? budget : 130 ))
+    lim=$(( budget < 220 ? budget : 220 ))
     rows=$(mktemp -d /tmp/bwd-fu$v-XXXX)
-    QLA_BWD_FUSED=$v timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
-      --heads "${FUSED_HEADS:-16/32,2/4}" --timers events --out "$rows" --no-report > "$dest/bwd-fused$v.log" 2>&1
+    QLA_BWD_FUSED=$v timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd $heads \
+      --timers events --out "$rows" --no-report > "$dest/bwd-fused$v.log" 2>&1
     echo "bwd-fused$v rc=$? t=$(( $(date +%s) - t0 )) s"
     cat "$rows"/*.jsonl > "$dest/bwd-fused$v.jsonl" 2>/dev/null
   done
