@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host, after `source .ci/gpu-host-setup.sh`: the fused backward's shortest useful check, for a call with
 # little device time left (session 23). In order, each under its own limit inside SECONDS_TOTAL (default 330):
-# the harness's qwen35-bwd rows with the fused backward and with the staged one on $LEAN_HEADS (each row checked
-# against float64 before it is timed), the backward CP float64 checks with it, then the plain autograd checks.
+# the harness's qwen35-bwd rows with the fused backward and with the staged one ($LEAN_VARIANTS, default "1 0", each
+# capped at $LEAN_CAP seconds) on $LEAN_HEADS (each row checked against float64 before it is timed), the backward CP float64 checks with it, then the plain autograd checks.
 #   bash .ci/gpu-host-fused-lean.sh [SECONDS_TOTAL]      (logs and rows to $OUT/lean/)
 set -u
 total=${1:-330}
@@ -10,8 +10,8 @@ dest=${OUT:-.}/lean
 mkdir -p "$dest"
 t0=$(date +%s)
 left() { echo $(( total - ($(date +%s) - t0) )); }
-for v in 1 0; do
-  lim=$(left); (( lim > 110 )) && lim=110
+for v in ${LEAN_VARIANTS:-1 0}; do  # 1: fused, 0: staged
+  lim=$(left); (( lim > ${LEAN_CAP:-110} )) && lim=${LEAN_CAP:-110}
   (( lim < 30 )) && { echo "skip fused$v: out of time"; continue; }
   rows=$(mktemp -d /tmp/lean$v-XXXX)
   QLA_BWD_FUSED=$v timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
