@@ -7,7 +7,9 @@ with Wk = bf(D A0 bf(beta K)) and dvl = bf(P)^T dO. This runs that chain in floa
 switchable, on the harness's gate recipe (logsigmoid(randn) / 16, one head of four at g = 0), and prints
 dh0's relative L2 error against the unrounded chain for: every rounding (rev3), the Q^T (scale D dO)
 operand unrounded (what FLA's dhu kernel gets from its fp32 q e^g, tf32 in the product), that operand as
-its rounded high part plus the rounded rest (rev4), and each other rounding removed on its own.
+its rounded high part plus the rounded rest (rev4), each other rounding removed on its own, and the fused walk's
+step (session 23: dS = e^gamma dS' + Q^T (hi + lo) - K^T bf(D dW) with stage 2's dW = beta o (bf(Gamma o A0)^T
+bf(dVn)), dVn = bf(dvl + D_r K bf(dS'))).
 
     python -m qla_kernels.gdn.rounding_study_bwd [TOKENS]
 """
@@ -31,6 +33,7 @@ VARIANTS = {  # name -> the roundings it leaves out (or "split": the dod operand
     "-dVn unrounded": ("ndvn",),
     "Wk unrounded": ("wk",),
     "P unrounded": ("p",),
+    "fused walk (session 23)": ("fused",),
 }
 
 
@@ -75,9 +78,15 @@ def dh0(x: dict[str, torch.Tensor], skip: tuple[str, ...] = (), exact: bool = Fa
             d, dr, egam = torch.exp(gc), torch.exp(gc[-1] - gc), torch.exp(gc[-1])
             gamma = torch.tril(torch.exp(gc[:, None] - gc[None, :]))
             dvl = rnd("p", scale * gamma * (qc @ kc.T)).T @ doc
+            dod = scale * d[:, None] * doc
+            if "fused" in skip and not exact:  # the fused walk: stage 2 rev 12's dW, its D dW operand, rev 4's split
+                dvn = _bf(dvl + dr[:, None] * (kc @ _bf(ds)))
+                dw = bc[:, None] * (_bf(gamma * ac[:, :n]).T @ dvn)  # beta applied in fp32 (rev 6)
+                hi = _bf(dod)
+                ds = egam * ds + qc.T @ hi + qc.T @ _bf(dod - hi) - kc.T @ _bf(d[:, None] * dw)
+                continue
             wk = rnd("wk", d[:, None] * (ac[:, :n] @ rnd("wk", bc[:, None] * kc)))
             ndvn = rnd("ndvn", -(dvl + dr[:, None] * (kc @ rnd("ds", ds))))
-            dod = scale * d[:, None] * doc
             if "split" in skip and not exact:
                 hi = _bf(dod)
                 dod_term = qc.T @ hi + qc.T @ _bf(dod - hi)
