@@ -33,6 +33,17 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 23 (S23_CP_PIECES=1): the forward's CP pieces forced ($QLA_CP_PIECE) against the cost model's choice on
+# the head configs of FlashQLA's five remaining wins (16/16 1x8192 and 1x2048, 2/8 1x8192, 8/24 4096+28672 and
+# 28672+4096), every mix of those heads, one run per piece length.
+if [ -n "${S23_CP_PIECES:-}" ]; then
+  ab cp-model 120 16/16,2/8,8/24
+  for p in 16 32 64; do
+    ab "cp-piece$p" 120 16/16,2/8,8/24 QLA_CP_PIECE=$p
+  done
+  exit 0
+fi
+
 # Session 23 (S23_FUSED=1): the fused backward ($QLA_BWD_FUSED=1, off by default until this runs): the float64
 # checks of the whole backward with it (plain, then CP), then the harness's qwen35-bwd rows with it (all 32 configs,
 # to set against the committed staged rows of the same GPU; with FUSED_AB=1 instead both ways, one after the other,

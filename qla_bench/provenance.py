@@ -43,6 +43,7 @@ ENV_FLAGS = (
     "QLA_BWD_OVERLAP",
     "QLA_BWD_FUSED",
     "QLA_CP",
+    "QLA_CP_PIECE",
     "QLA_CP_COMBINE",
     "QLA_CP_COMBINE_REV",
     "QLA_CP_COMBINE_BV",

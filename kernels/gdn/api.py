@@ -435,6 +435,9 @@ CP_COMBINE_BV_ENV = "QLA_CP_COMBINE_BV"
 # its threads per CTA (default fwd/cp_combine.py's THREADS): 256 halves each thread's share of the M split
 CP_COMBINE_THREAD_COUNTS = ("128", "256")
 CP_COMBINE_THREADS_ENV = "QLA_CP_COMBINE_THREADS"
+# the forward's CP pieces forced to this many chunks where a sequence is longer (unset: cp_plan's cost model
+# decides), for A/B runs of the model's choice on configs it may misprice (a call's cp_piece wins over it)
+CP_PIECE_ENV = "QLA_CP_PIECE"
 
 
 def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, rev: int = 5):
@@ -528,12 +531,25 @@ def env_switch_on(env: str) -> bool:
     return value != "0"
 
 
+def resolve_cp_piece() -> int | None:
+    """$QLA_CP_PIECE as a number of chunks, or None when unset; anything but a positive integer is refused by name."""
+    value = os.environ.get(CP_PIECE_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"${CP_PIECE_ENV} must be a positive number of {CHUNK}-token chunks (or unset: the cost "
+                         f"model decides), got {value!r}")  # fmt: skip
+    return int(value)
+
+
 def _cp_plan(plan: ChunkPlan, h_v: int, num_sms: int, cp: bool | None, cp_piece: int | None) -> CPPlan | None:
     """The context-parallel split to run, or None for the plain forward."""
     if cp is None:
         cp = resolve_cp()
     if not cp:
         return None
+    if cp_piece is None:
+        cp_piece = resolve_cp_piece()
     if cp_piece is not None and cp_piece < 1:
         raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
     cpp = plan_cp(plan, h_v, num_sms, piece_chunks=cp_piece)  # cached: no host-to-device copy per call

@@ -118,7 +118,9 @@ class QlaBackend(Backend):
         if combine == "kernel":  # the one-launch combine's variant (its A/B rows differ only in this)
             combine += (f" rev {api.resolve_cp_combine_rev()}, {api.resolve_cp_combine_block_v()} columns,"
                         f" {api.resolve_cp_combine_threads()} threads")  # fmt: skip
-        flags["qla_cp"] = f"on (combine: {combine})" if api.resolve_cp() else "off"
+        piece = api.resolve_cp_piece()
+        forced = f", pieces of {piece} chunks forced" if piece is not None else ""
+        flags["qla_cp"] = f"on (combine: {combine}{forced})" if api.resolve_cp() else "off"
         flags["qla_bwd_dstate"] = bwd_api.resolve_dstate_rev()
         flags["qla_bwd_states"] = bwd_api.resolve_states_impl()
         grads = bwd_api.resolve_grads_rev()

@@ -51,7 +51,7 @@ def test_modes_and_flags(monkeypatch):
     pytest.importorskip("qla_kernels.gdn.api")
     for var in ("QLA_FUSED_IMPL", "QLA_KKT_IMPL", "QLA_CP", "QLA_CP_COMBINE", "QLA_CP_COMBINE_REV", "QLA_CP_COMBINE_BV",
                 "QLA_CP_COMBINE_THREADS", "QLA_BWD_CP", "QLA_BWD_GRADS", "QLA_BWD_GROUP_SUM",
-                "QLA_BWD_OVERLAP", "QLA_BWD_FUSED"):  # fmt: skip
+                "QLA_BWD_OVERLAP", "QLA_BWD_FUSED", "QLA_CP_PIECE"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     b = QlaBackend()
     assert b.modes == ("fwd", "bwd", "train")
@@ -70,6 +70,9 @@ def test_modes_and_flags(monkeypatch):
     monkeypatch.setenv("QLA_CP_COMBINE_REV", "1")
     monkeypatch.setenv("QLA_CP_COMBINE_BV", "64")
     assert b.env_flags()["qla_cp"] == "on (combine: kernel rev 1, 64 columns, 128 threads)"
+    monkeypatch.setenv("QLA_CP_PIECE", "16")
+    assert b.env_flags()["qla_cp"] == "on (combine: kernel rev 1, 64 columns, 128 threads, pieces of 16 chunks forced)"
+    monkeypatch.delenv("QLA_CP_PIECE")
     monkeypatch.setenv("QLA_CP_COMBINE_BV", "48")
     with pytest.raises(ValueError, match=r"\$QLA_CP_COMBINE_BV must be one of \['32', '64'\]"):
         b.env_flags()

@@ -211,3 +211,18 @@ def test_walk_order_from_the_environment(monkeypatch):
     monkeypatch.setenv("QLA_LONGEST_FIRST", "yes")
     with pytest.raises(ValueError, match=r"\$QLA_LONGEST_FIRST must be '0' or '1'"):
         _walk_order(order)
+
+
+def test_forced_piece_from_the_environment(monkeypatch):
+    """QLA_CP_PIECE forces the forward's pieces (A/B runs of the cost model's choice): unset leaves the model's
+    choice, a positive integer is taken, anything else is refused by name before a launch."""
+    from qla_kernels.gdn.api import resolve_cp_piece
+
+    monkeypatch.delenv("QLA_CP_PIECE", raising=False)
+    assert resolve_cp_piece() is None
+    monkeypatch.setenv("QLA_CP_PIECE", "32")
+    assert resolve_cp_piece() == 32
+    for bad in ("0", "-4", "16.5", "auto"):
+        monkeypatch.setenv("QLA_CP_PIECE", bad)
+        with pytest.raises(ValueError, match=r"\$QLA_CP_PIECE must be a positive number of 64-token chunks"):
+            resolve_cp_piece()
