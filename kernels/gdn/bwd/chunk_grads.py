@@ -127,6 +127,14 @@ def bwd_chunk_grads_program(
     GEMM, K S again), no dAg pair terms, no column sum; V stays resident until dv is formed. Its rounding is not
     rev 8's: rounding_study_dg's form "i2x" puts dg's error at 0.9-1.5x rev 6's (the x total no longer cancels
     the same rounded x per row; form "i2", with the stored state after the chunk in dgamma, is 0.5-1.3x).
+
+    fused=True (session 23, with rev 12's flags but dS' not by TMA, and store_dv): the fused backward's walk. One CTA
+    per (piece, value head) takes the piece's chunks last to first, each with this program's per-chunk body, then
+    stage 1 rev 4's chain step: dS = exp(gamma) dS' + Q^T (scale D dO) (high and low bf16 parts, in w_sh and vn_sh)
+    - K^T (D dW) (dk's operand dwd_sh). dS' lives in fp32 in ds_next, here one [K, V] slot per (piece, value head):
+    it holds the piece's end gradient on entry and its start gradient on exit. Signature: (q, k, v, g_cumsum, beta,
+    A0, dO, states, ds_slots [P,H_v,K,V] fp32, cu_seqlens of the pieces [P+1], chunk_offsets [P+1] (each piece's
+    first chunk in states), dq_v, dk_v, dbeta, dg, dv). Built with MERGED_PASS_CONFIGS (bwd_chunk_grads_kernel).
     """
     assert not (profile and cpu_debug)
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
