@@ -47,7 +47,7 @@ fi
 # Session 23 (S23_FUSED=1): the fused backward ($QLA_BWD_FUSED=1, off by default until this runs): the float64
 # checks of the whole backward with it (plain, then CP), then the harness's qwen35-bwd rows with it (all 32 configs,
 # to set against the committed staged rows of the same GPU; with FUSED_AB=1 instead both ways, one after the other,
-# on $FUSED_HEADS), then its kernel table at 16/32.
+# on $FUSED_HEADS), the prefetching walk ($QLA_BWD_FUSED=2) on $PREFETCH_HEADS, then the kernel table at 16/32.
 if [ -n "${S23_FUSED:-}" ]; then
   STEP_ENV=QLA_BWD_FUSED=1 step fused-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
   STEP_ENV=QLA_BWD_FUSED=1 step fused-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
@@ -62,6 +62,15 @@ if [ -n "${S23_FUSED:-}" ]; then
     echo "bwd-fused$v rc=$? t=$(( $(date +%s) - t0 )) s"
     cat "$rows"/*.jsonl > "$dest/bwd-fused$v.jsonl" 2>/dev/null
   done
+  budget=$(left)
+  if [ -z "${FUSED_AB:-}" ] && (( budget >= 60 )); then  # the walk with its loads prefetched ($QLA_BWD_FUSED=2)
+    lim=$(( budget < 130 ? budget : 130 ))
+    rows=$(mktemp -d /tmp/bwd-fu2-XXXX)
+    QLA_BWD_FUSED=2 timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
+      --heads "${PREFETCH_HEADS:-16/32,2/4}" --timers events --out "$rows" --no-report > "$dest/bwd-fused2.log" 2>&1
+    echo "bwd-fused2 rc=$? t=$(( $(date +%s) - t0 )) s"
+    cat "$rows"/*.jsonl > "$dest/bwd-fused2.jsonl" 2>/dev/null
+  fi
   budget=$(left)
   if (( budget >= 30 )); then  # where the fused backward's time goes (torch.profiler's kernel table)
     QLA_BWD_FUSED=1 timeout -s KILL "$budget" python cli.py kernels --mode bwd --backends qla --heads 16/32 \

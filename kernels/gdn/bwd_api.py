@@ -154,9 +154,11 @@ DEFAULT_BWD_OVERLAP = False
 # per CTA instead of 4 bytes a value per chunk through HBM; no dvl_wk and no chain kernel without CP (with CP they
 # are pass A, and the walk replaces pass B). "1" runs it, "0" the three stages. Off by default
 # (DEFAULT_BWD_FUSED) until measured on a GPU against the stages (NOTES.md, session 23). Pieces by
-# bwd_cp_plan.choose_fused_cp.
+# bwd_cp_plan.choose_fused_cp. "2" is the walk with the next chunk's K, S, Q and dO loaded during the step's dg
+# tail (bwd_chunk_grads_program's prefetch), for an A/B against "1".
 BWD_FUSED_ENV = "QLA_BWD_FUSED"
-DEFAULT_BWD_FUSED = False
+BWD_FUSED_CHOICES = ("0", "1", "2")
+DEFAULT_BWD_FUSED = "0"
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
 
@@ -306,13 +308,19 @@ def resolve_bwd_overlap() -> bool:
     return DEFAULT_BWD_OVERLAP if value == "" else value == "1"
 
 
+def resolve_bwd_fused_mode() -> str:
+    """$QLA_BWD_FUSED: "0" the staged backward, "1" the fused walk, "2" the fused walk with its loads prefetched;
+    unset DEFAULT_BWD_FUSED; anything else a ValueError naming the choices."""
+    value = os.environ.get(BWD_FUSED_ENV, "").strip() or DEFAULT_BWD_FUSED
+    if value not in BWD_FUSED_CHOICES:
+        raise ValueError(f"${BWD_FUSED_ENV} must be one of {list(BWD_FUSED_CHOICES)} (or unset: "
+                         f"{DEFAULT_BWD_FUSED!r}), got {value!r}")  # fmt: skip
+    return value
+
+
 def resolve_bwd_fused() -> bool:
-    """The fused backward? $QLA_BWD_FUSED "1" yes, "0" no, unset DEFAULT_BWD_FUSED; anything else a ValueError
-    naming the choices."""
-    value = os.environ.get(BWD_FUSED_ENV, "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"${BWD_FUSED_ENV} must be '0' or '1' (or unset: {int(DEFAULT_BWD_FUSED)}), got {value!r}")
-    return DEFAULT_BWD_FUSED if value == "" else value == "1"
+    """The fused backward ($QLA_BWD_FUSED "1" or "2")?"""
+    return resolve_bwd_fused_mode() != "0"
 
 
 def _stage0_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -497,8 +505,10 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
     dg = torch.empty_like(dbeta)
     dv = torch.empty_like(vf)
     threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
+    prefetch = resolve_bwd_fused_mode() == "2"
     kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], threads, False, False, tile, hoist,
-                                    tma, dw_beta, gamma_frag, False, scan, True, lean=True, fused=True)  # fmt: skip
+                                    tma, dw_beta, gamma_frag, False, scan, True, lean=True, fused=True,
+                                    prefetch=prefetch)  # fmt: skip
     kernel(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, dq, dk, dbeta, dg, dv)
     return dq, dk, dbeta, dg, dv
 

@@ -131,8 +131,9 @@ class QlaBackend(Backend):
             flags["qla_bwd_group_sum"] += f" (only at h_v / h_qk not in {ratios}: stage 2 {grads} sums the group)"
         flags["qla_bwd_cp"] = "on (bwd_cp_plan decides)" if bwd_api.resolve_bwd_cp() else "off"
         flags["qla_bwd_overlap"] = "stage 0 beside stage 1" if bwd_api.resolve_bwd_overlap() else "off"
-        fused = bwd_api.resolve_bwd_fused()
-        flags["qla_bwd_fused"] = "chain and gradients in one walk (rev12 math)" if fused else "off"
+        fused = {"0": "off", "1": "chain and gradients in one walk (rev12 math)",
+                 "2": "chain and gradients in one walk (rev12 math), loads prefetched"}  # fmt: skip
+        flags["qla_bwd_fused"] = fused[bwd_api.resolve_bwd_fused_mode()]
         return flags
 
 

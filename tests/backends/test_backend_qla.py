@@ -92,7 +92,9 @@ def test_modes_and_flags(monkeypatch):
     assert b.env_flags()["qla_bwd_overlap"] == "stage 0 beside stage 1"
     assert flags["qla_bwd_fused"] == "off"
     monkeypatch.setenv("QLA_BWD_FUSED", "1")
-    assert b.env_flags()["qla_bwd_fused"].startswith("chain and gradients in one walk")
+    assert b.env_flags()["qla_bwd_fused"] == "chain and gradients in one walk (rev12 math)"
+    monkeypatch.setenv("QLA_BWD_FUSED", "2")
+    assert b.env_flags()["qla_bwd_fused"].endswith("loads prefetched")
 
 
 def test_bwd_and_train_map_the_six_gradients(make_inputs, naive_gdn_grads, install_module):

@@ -11,13 +11,13 @@ from qla_kernels.gdn.bwd_cp_plan import FUSED_STEP_US, choose_fused_cp, fused_wa
 
 def test_switch_defaults_off_until_measured_and_names_itself(monkeypatch):
     monkeypatch.delenv(bwd_api.BWD_FUSED_ENV, raising=False)
-    assert bwd_api.resolve_bwd_fused() is bwd_api.DEFAULT_BWD_FUSED is False
-    monkeypatch.setenv(bwd_api.BWD_FUSED_ENV, "1")
-    assert bwd_api.resolve_bwd_fused()
-    monkeypatch.setenv(bwd_api.BWD_FUSED_ENV, "0")
-    assert not bwd_api.resolve_bwd_fused()
+    assert bwd_api.DEFAULT_BWD_FUSED == "0" and not bwd_api.resolve_bwd_fused()
+    for value, mode in (("1", "1"), ("2", "2"), (" 0 ", "0")):
+        monkeypatch.setenv(bwd_api.BWD_FUSED_ENV, value)
+        assert bwd_api.resolve_bwd_fused_mode() == mode
+        assert bwd_api.resolve_bwd_fused() is (mode != "0")
     monkeypatch.setenv(bwd_api.BWD_FUSED_ENV, "yes")
-    with pytest.raises(ValueError, match=r"\$QLA_BWD_FUSED must be '0' or '1'"):
+    with pytest.raises(ValueError, match=r"\$QLA_BWD_FUSED must be one of \['0', '1', '2'\]"):
         bwd_api.resolve_bwd_fused()
 
 

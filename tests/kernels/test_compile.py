@@ -307,6 +307,39 @@ def test_bwd_chunk_grads_lean_compiles(rev, dtype, fewer):
     assert rep.code_bytes < reps[False].code_bytes
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["walk", "walk-prefetch"])
+def test_bwd_fused_walk_compiles(prefetch):
+    """The fused backward's walk ($QLA_BWD_FUSED 1 and 2, as bwd_api._fused_walk builds it): no spills, within shared
+    memory with the merged plan, and the dS' cast without a barrier in each unrolled step (one pass put 32 there)."""
+    import itertools
+    import re
+
+    from qla_kernels.gdn.bwd.chunk_grads import MERGED_PASS_CONFIGS, bwd_chunk_grads_program
+    from qla_kernels.gdn.bwd_api import GRADS_FLAGS
+
+    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
+    prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, False, tile, hoist, tma, dw_beta,
+                                   gamma_frag, False, scan, True, lean=True, fused=True, prefetch=prefetch)  # fmt: skip
+    rep = build_sm90a(prog, MERGED_PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert "bwd_fused_kernel" in rep.source
+    barrier_per_step = r"#pragma unroll\n\s*for \(int \w+ = 0; \w+ < 32; \+\+\w+\) \{\n\s*__syncthreads\(\);"
+    assert not re.findall(barrier_per_step, rep.source)
+    # prefetch: the next chunk's K, S, Q and dO are issued inside the walk (the first chunk's before it)
+    assert rep.source.count("tma_load(") == (10 if prefetch else 6), rep.source.count("tma_load(")
+    if prefetch:  # those four tiles are loaded while the dg tail and the next step's first passes run: the merged
+        # plan must give their bytes to no other buffer (it sees a straight body, not the loop that carries them)
+        offsets = {name: int(off) for name, off in
+                   re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", rep.source)}
+        tiles = {"k_sh": 16384, "q_sh": 16384, "do_sh": 16384, "s_sh": 32768}
+        spans = sorted((offsets[name], offsets[name] + size) for name, size in tiles.items())
+        assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(spans)), spans
+        end = spans[-1][1]
+        assert all(off >= end for name, off in offsets.items() if name not in tiles), offsets
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_bwd_chunk_grads_rev11_compiles(dtype):
     # rev 11 (bwd/chunk_grads_ws.py): two warpgroups at once; TileLang's cross-warp reductions sync on named

@@ -58,6 +58,7 @@ def bwd_chunk_grads_program(
     lean: bool = False,
     dg_i2: bool = False,
     fused: bool = False,
+    prefetch: bool = False,
 ):
     """TileLang program: (q, k, v, g_cumsum, beta, A0, dO, states, ds_next, cu_seqlens, chunk_indices) ->
     (dq_v, dk_v [1,T,H_v,K] fp32 per value head, dbeta, dg [1,T,H_v] fp32). Varlen (B = 1).
@@ -150,6 +151,7 @@ def bwd_chunk_grads_program(
     # piece and value head, L2-resident); rev 12's math and roundings, dv stored, per value head, no TMA of dS'
     assert not fused or (lean and not dg_i2 and tile_loads and hoist_index and store_dv and not ds_tma and not profile)
     assert not fused or not (cluster_sum or cluster_probe)
+    assert not prefetch or (fused and tma_loads)
     pair = cluster_sum and gva_ratio == 2  # two CTAs exchange tiles
     assert not hoist_index or dk == 2 * CHUNK  # rev 3 folds the dk row sums of <S, dS'> in two halves
     C = CHUNK
@@ -276,6 +278,30 @@ def bwd_chunk_grads_program(
         mm(dwd_sh, s_sh, acc_tile, transpose_b=True, clear=False)
 
     @T.macro
+    def chain_step(w_sh, vn_sh, do_sh, d_sh, sds, ds_slots, piece, bh, q_sh, k_sh, dwd_sh):
+        """fused: stage 1 rev 4's step, dS = exp(gamma) dS' + Q^T (scale D dO) - K^T (D dW), into the piece's slot
+        (w_sh and vn_sh, dead by then, take scale D dO's high and low parts; dwd_sh holds -D dW, dk's operand)."""
+        T.sync_threads()  # every product that reads w_sh or vn_sh is done
+        for i, j in T.Parallel(C, dv):  # scale D dO as stage 1 rev 4 rounds it: high and low parts
+            w_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+            vn_sh[i, j] = T.cast(
+                scale * d_sh[i] * T.cast(do_sh[i, j], acc)
+                - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
+                dtype,
+            )
+        for i, j in T.Parallel(dk, dv):
+            sds[i, j] = d_sh[C - 1] * ds_slots[piece, bh, i, j]
+        T.sync_threads()
+        mm(q_sh, w_sh, sds, transpose_a=True, clear=False)
+        mm(q_sh, vn_sh, sds, transpose_a=True, clear=False)
+        mm(k_sh, dwd_sh, sds, transpose_a=True, clear=False)
+        for i, j in T.Parallel(dk, dv):
+            ds_slots[piece, bh, i, j] = sds[i, j]
+        if not cpu_debug:  # this step's generic writes to the tiles before the next step's bulk copies
+            T.fence_proxy_async()
+        T.sync_threads()
+
+    @T.macro
     def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_next, cu_seqlens, chunk_indices, dq_v, dk_v, dbeta, dg,
              prof, dv_out):  # fmt: skip
         grid = (ns - 1) * h_v if fused else nc * h_v
@@ -361,6 +387,13 @@ def bwd_chunk_grads_program(
             ck2 = alloc_acc((C, dk)) if pair_early else None  # rev 10: dq while ck holds dk
 
             loaded = T.alloc_barrier(arrive_count=[32, 32]) if tma_loads else None  # parity: the chunk's step, mod 2
+            if prefetch:  # noqa: SIM102 (the walk's first chunk's K, S, Q and dO; later chunks' come the step before)
+                if T.get_thread_binding() < 32:
+                    T.tma_copy(k[0, t_last : t_last + C, bhg, 0:dk], k_sh, barrier=loaded[1])
+                    T.tma_copy(states[c_last, bh, 0:dk, 0:dv], s_sh, barrier=loaded[1])
+                    T.tma_copy(q[0, t_last : t_last + C, bhg, 0:dk], q_sh, barrier=loaded[1])
+                    T.tma_copy(grad_o[0, t_last : t_last + C, bh, 0:dv], do_sh, barrier=loaded[1])
+                    T.barrier_arrive(loaded[1])
 
             for it in T.serial(n_iter):
                 bc = c_last - it  # the chunk (global index: states) and its first token
@@ -371,15 +404,16 @@ def bwd_chunk_grads_program(
                 if tile_loads:
                     if tma_loads:
                         if T.get_thread_binding() < 32:
-                            T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=loaded[0])
-                            T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=loaded[0])
+                            if not prefetch:  # prefetch: K, S, Q and dO came during the previous step's dg tail
+                                T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=loaded[0])
+                                T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=loaded[0])
                             T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=loaded[0])
                             T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=loaded[0])
                             if ds_tma:  # dS' and q with the first set; dO once dS' is cast (it may take dS''s space)
                                 T.tma_copy(ds_next[bc, bh, 0:dk, 0:dv], ds32_sh, barrier=loaded[0])
                                 T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[0])
                             T.barrier_arrive(loaded[0])
-                            if not ds_tma:
+                            if not (ds_tma or prefetch):
                                 T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=loaded[1])
                                 T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=loaded[1])
                                 T.barrier_arrive(loaded[1])
@@ -659,6 +693,15 @@ def bwd_chunk_grads_program(
                                 dk_v[0, t0 + i, bh, j] = ck[i, j]
 
                 stamp(prof, bid, 9)
+                if prefetch:  # the chain's step first, then the next chunk's K, S, Q and dO fly during the dg tail
+                    chain_step(w_sh, vn_sh, do_sh, d_sh, sds, ds_next, piece, bh, q_sh, k_sh, dwd_sh)
+                    if it + 1 < n_iter:  # noqa: SIM102 (a TIR condition: Python's `and` cannot join two)
+                        if T.get_thread_binding() < 32:
+                            T.tma_copy(k[0, t0 - C : t0, bhg, 0:dk], k_sh, barrier=loaded[1])
+                            T.tma_copy(states[bc - 1, bh, 0:dk, 0:dv], s_sh, barrier=loaded[1])
+                            T.tma_copy(q[0, t0 - C : t0, bhg, 0:dk], q_sh, barrier=loaded[1])
+                            T.tma_copy(grad_o[0, t0 - C : t0, bh, 0:dv], do_sh, barrier=loaded[1])
+                            T.barrier_arrive(loaded[1])
                 if dg_i2:  # I2: dgc_i = D_i scale <dO, QS>_i + rowsum(P o dO Vn^T)_i - <V, dv>_i
                     for i in T.Parallel(C):
                         dgc_sh[i] = row_q[i] + row_p[i] - row_v[i]
@@ -694,25 +737,10 @@ def bwd_chunk_grads_program(
                     if t0 + i < end:
                         dg[0, t0 + i, bh] = row_a[i]
                 stamp(prof, bid, 10)
-                if fused:  # the chain's step: dS = exp(gamma) dS' + Q^T (scale D dO) - K^T (D dW) into the piece's slot
-                    T.sync_threads()  # every product that reads w_sh or vn_sh is done
-                    for i, j in T.Parallel(C, dv):  # scale D dO as stage 1 rev 4 rounds it: high and low parts
-                        w_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
-                        vn_sh[i, j] = T.cast(
-                            scale * d_sh[i] * T.cast(do_sh[i, j], acc)
-                            - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
-                            dtype,
-                        )
-                    for i, j in T.Parallel(dk, dv):
-                        sds[i, j] = d_sh[C - 1] * ds_next[piece, bh, i, j]
-                    T.sync_threads()
-                    mm(q_sh, w_sh, sds, transpose_a=True, clear=False)
-                    mm(q_sh, vn_sh, sds, transpose_a=True, clear=False)
-                    mm(k_sh, dwd_sh, sds, transpose_a=True, clear=False)  # dwd_sh holds -D dW (dk's last product)
-                    for i, j in T.Parallel(dk, dv):
-                        ds_next[piece, bh, i, j] = sds[i, j]
-                    if not cpu_debug:  # this step's generic writes to the tiles before the next step's bulk copies
-                        T.fence_proxy_async()
+                if fused and not prefetch:
+                    chain_step(w_sh, vn_sh, do_sh, d_sh, sds, ds_next, piece, bh, q_sh, k_sh, dwd_sh)
+                if prefetch:  # the dg tail's writes before the next step's bulk copies of V and A0
+                    T.fence_proxy_async()
                     T.sync_threads()
 
     gh = h_qk if cluster_sum else h_v  # dq, dk: the group's sum in the input dtype, or per value head in fp32
