@@ -318,11 +318,6 @@ def resolve_bwd_fused_mode() -> str:
     return value
 
 
-def resolve_bwd_fused() -> bool:
-    """The fused backward ($QLA_BWD_FUSED "1" or "2")?"""
-    return resolve_bwd_fused_mode() != "0"
-
-
 def _stage0_stream(device: torch.device) -> torch.cuda.Stream | None:
     """The side stream stage 0 runs on (one per device, made once), or None where the overlap is off. torch
     hands it out of its pool of streams: should it be the caller's own stream, the stages run in turn, still
@@ -364,17 +359,19 @@ def _join(side: torch.cuda.Stream | None) -> None:
 
 
 def _bwd_cp_plan(
-    plan: ChunkPlan, h_v: int, device: torch.device, cp: bool | None, cp_piece: int | None
+    plan: ChunkPlan, h_v: int, device: torch.device, cp: bool | None, cp_piece: int | None, fused: bool = False
 ) -> CPPlan | None:
-    """The backward's context-parallel split (bwd_cp_plan's choice, or cp_piece), or None: no split."""
+    """The backward's context-parallel split (bwd_cp_plan's choice: choose_bwd_cp for the staged backward,
+    choose_fused_cp for the fused one; or cp_piece), or None: no split."""
     if cp_piece is not None and cp_piece < 1:
         raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
     if not (resolve_bwd_cp() if cp is None else cp):
         return None
-    if resolve_states_impl() != "ws5" or resolve_dstate_rev() not in PRECOMPUTED_DSTATE_REVS:
-        return None
+    if not fused and (resolve_states_impl() != "ws5" or resolve_dstate_rev() not in PRECOMPUTED_DSTATE_REVS):
+        return None  # the fused backward's CP stores states with ws5 and runs its pass A on a precomputed chain
     nsm = _num_sms(device)
-    piece = cp_piece if cp_piece is not None else bwd_piece_chunks(plan, h_v, nsm, _step_rev())  # cached per plan
+    choose = fused_piece_chunks if fused else bwd_piece_chunks
+    piece = cp_piece if cp_piece is not None else choose(plan, h_v, nsm, _step_rev())  # cached per plan
     if piece is None:
         return None
     cpp = plan_cp(plan, h_v, nsm, piece_chunks=piece)  # cached per plan
@@ -477,22 +474,7 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float,
     return states
 
 
-def _fused_cp_plan(plan: ChunkPlan, h_v: int, device: torch.device, cp: bool | None,
-                   cp_piece: int | None) -> CPPlan | None:  # fmt: skip
-    """The fused backward's context-parallel split (bwd_cp_plan.choose_fused_cp, or cp_piece), or None."""
-    if cp_piece is not None and cp_piece < 1:
-        raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
-    if not (resolve_bwd_cp() if cp is None else cp):
-        return None
-    nsm = _num_sms(device)
-    piece = cp_piece if cp_piece is not None else fused_piece_chunks(plan, h_v, nsm, _step_rev())  # cached per plan
-    if piece is None:
-        return None
-    cpp = plan_cp(plan, h_v, nsm, piece_chunks=piece)  # cached per plan
-    return cpp if cpp.enabled and cpp.num_pieces > cpp.num_seqs else None
-
-
-def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, scale: float):
+def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, scale: float, prefetch: bool):
     """The fused walk over the sequences or pieces `cu` (chunk_offsets: their first chunks' indices in states):
     slots [P,H_v,K,V] fp32 holds each piece's end gradient and leaves with its start gradient. Returns dq, dk per
     value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype."""
@@ -505,7 +487,6 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
     dg = torch.empty_like(dbeta)
     dv = torch.empty_like(vf)
     threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
-    prefetch = resolve_bwd_fused_mode() == "2"
     kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], threads, False, False, tile, hoist,
                                     tma, dw_beta, gamma_frag, False, scan, True, lean=True, fused=True,
                                     prefetch=prefetch)  # fmt: skip
@@ -514,10 +495,11 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
 
 
 def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: float, cp: bool | None,
-               cp_piece: int | None):  # fmt: skip
-    """The fused backward on packed inputs: (dq, dk per value head, dbeta, dg, dv, dh0)."""
+               cp_piece: int | None, prefetch: bool):  # fmt: skip
+    """The fused backward on packed inputs: (dq, dk per value head, dbeta, dg, dv, dh0); prefetch is
+    $QLA_BWD_FUSED=2's walk."""
     h_v = vf.shape[2]
-    cpp = _fused_cp_plan(plan, h_v, qf.device, cp, cp_piece)
+    cpp = _bwd_cp_plan(plan, h_v, qf.device, cp, cp_piece, fused=True)
     if cpp is None:
         states = chunk_states(qf, kf, vf, gf, bf, af, h0, plan, scale)
         if dht is not None:
@@ -525,7 +507,7 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
         else:
             slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
         *grads, dv = _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, plan.cu_seqlens, plan.chunk_offsets,
-                                 scale)  # fmt: skip
+                                 scale, prefetch)  # fmt: skip
         return (*grads, dv, slots)
     from .bwd.dstate_chain import bwd_dstate_kernel
     from .cp_bwd import dstate_cp, states_cp
@@ -544,7 +526,7 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
         if ends is not None:  # pass B: the fused walk from every piece's exact end gradient
             slots = ends.contiguous()
             out.extend(_fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cpp.cu_seqlens, cpp.chunk_offsets,
-                                   scale))  # fmt: skip
+                                   scale, prefetch))  # fmt: skip
             return None, slots
         # pass A: the chain from zero over the pieces, storing only every piece's start gradient (ds_next is a
         # one-chunk stand-in: the kernel never writes it)
@@ -666,9 +648,10 @@ def chunk_gated_delta_rule_bwd(
     qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, A, do))
     gf, bf = (pack_tokens(x).float() for x in (g_cumsum, beta))
 
-    if resolve_bwd_fused():
+    fused = resolve_bwd_fused_mode()
+    if fused != "0":
         dq, dk, dbeta, dg, dv, dh0 = _bwd_fused(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, scale, cp,
-                                                cp_piece)  # fmt: skip
+                                                cp_piece, prefetch=fused == "2")  # fmt: skip
         dq, dk = _group_sums(dq, dk, b, t, h_qk, q.dtype)
         return BwdOutput(dq=dq, dk=dk, dv=dv.view(v.shape), dbeta=dbeta.view(b, t, h_v), dg=dg.view(b, t, h_v),
                          dh0=dh0 if initial_state is not None else None)  # fmt: skip

@@ -96,13 +96,17 @@ def _after_stage0_us(chunks: list[int], h_v: int, num_sms: int, piece: int | Non
     return 2 * (stage1_chain_us(pieces, h_v, num_sms, rev) + PASS_SETUP_US) + combine
 
 
+def _check_chunks(chunks: list[int], h_v: int, num_sms: int) -> None:
+    if h_v < 1 or num_sms < 1 or not chunks or min(chunks) < 1:
+        raise ValueError(f"need h_v >= 1, num_sms >= 1 and sequences of >= 1 chunk; got h_v={h_v}, "
+                         f"num_sms={num_sms}, chunks={chunks[:8]}")  # fmt: skip
+
+
 def choose_bwd_cp(
     chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = STAGE0_HEURISTICS, rev: str = DEFAULT_REV
 ) -> int | None:
     """The piece length with the shortest predicted chains, or None when none beats no CP by MARGIN."""
-    if h_v < 1 or num_sms < 1 or not chunks or min(chunks) < 1:
-        raise ValueError(f"need h_v >= 1, num_sms >= 1 and sequences of >= 1 chunk; got h_v={h_v}, "
-                         f"num_sms={num_sms}, chunks={chunks[:8]}")  # fmt: skip
+    _check_chunks(chunks, h_v, num_sms)
     if rev not in DSTATE_STEP_US:
         raise ValueError(f"rev must be one of {sorted(DSTATE_STEP_US)}, got {rev!r}")
     base = predict_bwd_chains_us(chunks, h_v, num_sms, None, h, rev)
@@ -170,9 +174,7 @@ def choose_fused_cp(
     chunks: list[int], h_v: int, num_sms: int, h: CPHeuristics = STAGE0_HEURISTICS, rev: str = DEFAULT_REV
 ) -> int | None:
     """The piece length with the shortest predicted fused backward, or None when none beats no CP by MARGIN."""
-    if h_v < 1 or num_sms < 1 or not chunks or min(chunks) < 1:
-        raise ValueError(f"need h_v >= 1, num_sms >= 1 and sequences of >= 1 chunk; got h_v={h_v}, "
-                         f"num_sms={num_sms}, chunks={chunks[:8]}")  # fmt: skip
+    _check_chunks(chunks, h_v, num_sms)
     base = predict_fused_us(chunks, h_v, num_sms, None, h, rev)
     best, best_us = None, base
     for piece in h.piece_candidates(max(chunks)):
