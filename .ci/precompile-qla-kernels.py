@@ -129,6 +129,9 @@ def variants() -> list[tuple[str, str, tuple]]:
     out.append(("bwd fused walk prefetch", "bwd_chunk_grads_kernel",
                 (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, False, tile, hoist, tma, dw_beta, gamma_frag,
                  False, scan, True, False, 2, False, False, True, False, True, True)))  # fmt: skip
+    out.append(("bwd fused walk profile", "bwd_chunk_grads_kernel",  # profile_bwd --fused
+                (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, True, tile, hoist, tma, dw_beta, gamma_frag,
+                 False, scan, True, False, 2, False, False, True, False, True)))  # fmt: skip
     for dt in ("bfloat16", "float16"):  # stage 2 rev 11 (bwd_api.WS_GRADS_REVS: its own program)
         out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev11 ws", "bwd_chunk_grads_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, dt)))  # fmt: skip

@@ -8,6 +8,7 @@ tool: the stamps add a barrier each, so its numbers go to NOTES.md, never into r
 
     python -m qla_kernels.gdn.profile_bwd OUT.json [rev1,rev2,...: bwd_api.GRADS_FLAGS keys]
     python -m qla_kernels.gdn.profile_bwd --kernels OUT.json   # every kernel of one whole backward
+    python -m qla_kernels.gdn.profile_bwd --fused OUT.json     # the fused walk's step by phase ($QLA_BWD_FUSED)
 """
 
 from __future__ import annotations
@@ -67,6 +68,56 @@ def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, 
     }
 
 
+def profile_fused_walk(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> dict:
+    """The fused walk's profile build ($QLA_BWD_FUSED=1's kernel with clock64 stamps): the mean cycles per chunk
+    of each phase of its step (FUSED_PROFILE_STAMPS), over every CTA (one per sequence and value head, no CP)."""
+    from .bwd.chunk_grads import FUSED_PROFILE_STAMPS, bwd_chunk_grads_kernel
+
+    t = sum(seqlens)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    q = torch.nn.functional.normalize(rnd(1, t, h_qk, HEAD_DIM), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(rnd(1, t, h_qk, HEAD_DIM), dim=-1).bfloat16()
+    v, do = rnd(1, t, h_v, HEAD_DIM).bfloat16(), rnd(1, t, h_v, HEAD_DIM).bfloat16()
+    g = -torch.rand(1, t, h_v, device="cuda", generator=gen) * 0.1
+    beta = torch.rand(1, t, h_v, device="cuda", generator=gen)
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)
+    scale = HEAD_DIM**-0.5
+    plan = _plan(q, cu)
+    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
+    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
+    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, None, plan, scale)
+    dq = torch.empty(1, t, h_v, HEAD_DIM, dtype=torch.float32, device="cuda")
+    dk, dv = torch.empty_like(dq), torch.empty_like(vf)
+    dbeta = torch.empty(1, t, h_v, dtype=torch.float32, device="cuda")
+    dg = torch.empty_like(dbeta)
+    ctas = plan.num_seqs * h_v
+    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = bwd_api.GRADS_FLAGS["rev8"]
+    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], threads, False, True, tile, hoist,
+                                    tma, dw_beta, gamma_frag, False, scan, True, lean=True, fused=True)  # fmt: skip
+    for _ in range(2):  # the first launch loads the module
+        slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
+        prof = torch.zeros(ctas, len(FUSED_PROFILE_STAMPS) - 1, dtype=torch.int64, device="cuda")
+        kernel(qf, kf, vf, gf, bf, af, dof, states, slots, plan.cu_seqlens, plan.chunk_offsets, dq, dk, dbeta, dg, dv,
+               prof)  # fmt: skip
+    torch.cuda.synchronize()
+    cycles = prof.double().mean(0) * ctas / plan.num_chunks / h_v  # per chunk step
+    names = FUSED_PROFILE_STAMPS
+    return {
+        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "ctas": ctas, "kernel": "fused walk (rev 12 math)"},
+        "mean_cycles_per_chunk_phase": {
+            f"{names[i]} -> {names[i + 1]}": round(c.item(), 1) for i, c in enumerate(cycles)
+        },
+        "mean_cycles_per_chunk": round(cycles.sum().item(), 1),
+        "clock_note": "clock64 cycles of thread 0 after a barrier, summed over each CTA's chunks; each stamp adds a "
+        "barrier, so the phases are upper bounds of an undisturbed step",
+    }
+
+
 def kernel_breakdown(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, reps: int = 5) -> dict:
     """GPU time of every kernel one whole backward (bwd_api.chunk_gated_delta_rule_bwd, the defaults) launches,
     from torch.profiler's CUDA activity, averaged over reps calls: the stages, and what runs between them
@@ -118,6 +169,16 @@ def main(argv: list[str]) -> None:
             print(r["config"], "sum of kernels", r["sum_us"], "us")
             for k in r["kernels_us"]:
                 print(f"  {k['us_per_call']:9.1f} us  x{k['launches_per_call']}  {k['kernel']}")
+        return
+    if argv and argv[0] == "--fused":
+        path = argv[1] if len(argv) > 1 else "bwd_fused_phases.json"
+        results = [profile_fused_walk(16, 32, lens) for lens in ([8192] * 4, [2048] * 4)]
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+        for r in results:
+            print(r["config"], "mean cycles per chunk", r["mean_cycles_per_chunk"])
+            for name, c in r["mean_cycles_per_chunk_phase"].items():
+                print(f"  {c:10.1f}  {name}")
         return
     path = argv[0] if argv else "bwd_stage2_phases.json"
     revs = argv[1].split(",") if len(argv) > 1 else list(bwd_api.GRADS_FLAGS)

@@ -340,6 +340,23 @@ def test_bwd_fused_walk_compiles(prefetch):
         assert all(off >= end for name, off in offsets.items() if name not in tiles), offsets
 
 
+def test_bwd_fused_walk_profile_compiles():
+    """The fused walk's profile build (profile_bwd --fused): the walk's code plus one clock read at each of its 12
+    stamps, every phase summed into prof by thread 0; no spills, still within shared memory."""
+    from qla_kernels.gdn.bwd.chunk_grads import FUSED_PROFILE_STAMPS, MERGED_PASS_CONFIGS, bwd_chunk_grads_program
+    from qla_kernels.gdn.bwd_api import GRADS_FLAGS
+
+    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
+    prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, True, tile, hoist, tma, dw_beta,
+                                   gamma_frag, False, scan, True, lean=True, fused=True)  # fmt: skip
+    rep = build_sm90a(prog, MERGED_PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
+    assert "bwd_fused_profile_kernel" in rep.source
+    assert rep.source.count("clock64") == len(FUSED_PROFILE_STAMPS)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_bwd_chunk_grads_rev11_compiles(dtype):
     # rev 11 (bwd/chunk_grads_ws.py): two warpgroups at once; TileLang's cross-warp reductions sync on named

@@ -33,6 +33,9 @@ PROFILE_STAMPS = (
     "start", "tiles loaded", "S, dS' loaded", "W, Vn, P", "dVn, x", "dW, row sums", "dP, dAg, gates",
     "A0 path, dbeta", "dq", "dk", "dg",
 )  # fmt: skip
+# The fused walk's profile build (fused=True, profile=True) adds the chain step's end; its prof
+# [P * H_v, len(FUSED_PROFILE_STAMPS) - 1] int64 (zeroed by the caller) sums each phase's cycles over the CTA's chunks.
+FUSED_PROFILE_STAMPS = (*PROFILE_STAMPS, "chain")
 
 
 def bwd_chunk_grads_program(
@@ -141,7 +144,7 @@ def bwd_chunk_grads_program(
     assert not tma_loads or (tile_loads and hoist_index and not cpu_debug)  # rev 4 is rev 3 plus TMA, GPU only
     assert not ds_tma or tma_loads
     assert not scan_dg or ds_tma or (fused and tma_loads)
-    assert not (store_dv and profile)
+    assert not (store_dv and profile) or fused
     assert not cluster_sum or (scan_dg and gva_ratio in (1, 2))
     assert not (cluster_probe and cluster_sum)
     assert not pair_early or (cluster_sum and gva_ratio == 2)
@@ -149,7 +152,8 @@ def bwd_chunk_grads_program(
     assert not dg_i2 or lean
     # fused (session 23): the walk over a piece's chunks, dS' carried in fp32 through `ds_next` (one [K, V] slot per
     # piece and value head, L2-resident); rev 12's math and roundings, dv stored, per value head, no TMA of dS'
-    assert not fused or (lean and not dg_i2 and tile_loads and hoist_index and store_dv and not ds_tma and not profile)
+    assert not fused or (lean and not dg_i2 and tile_loads and hoist_index and store_dv and not ds_tma)
+    assert not (profile and prefetch)  # the prefetching walk's chain step sits inside the dg phase
     assert not fused or not (cluster_sum or cluster_probe)
     assert not prefetch or (fused and tma_loads)
     pair = cluster_sum and gva_ratio == 2  # two CTAs exchange tiles
@@ -182,12 +186,19 @@ def bwd_chunk_grads_program(
         return gam[i, j] if gamma_frag else gamma_of(g_sh, i, j)
 
     @T.macro
-    def stamp(prof, bid, point):
-        """Profile builds: every thread reaches this point, then thread 0 reads the clock."""
+    def stamp(prof, bid, point, clk=None):
+        """Profile builds: every thread reaches this point, then thread 0 reads the clock. The fused walk's
+        (clk: thread 0's last reading) adds the phase that ends here to its running sum instead."""
         if profile:
             T.sync_threads()
             if T.get_thread_binding() == 0:
-                prof[bid, point] = T.call_extern("int64", "clock64")
+                if fused:
+                    now = T.call_extern("int64", "clock64")
+                    if point > 0:
+                        prof[bid, point - 1] = prof[bid, point - 1] + (now - clk[0])
+                    clk[0] = now
+                else:
+                    prof[bid, point] = T.call_extern("int64", "clock64")
 
     @T.macro
     def pair_send(tile, pair_sh, pair_bar, partner):
@@ -387,6 +398,7 @@ def bwd_chunk_grads_program(
             ck2 = alloc_acc((C, dk)) if pair_early else None  # rev 10: dq while ck holds dk
 
             loaded = T.alloc_barrier(arrive_count=[32, 32]) if tma_loads else None  # parity: the chunk's step, mod 2
+            clk = T.alloc_local((1,), "int64") if profile and fused else None  # thread 0's last clock reading
             if prefetch:  # noqa: SIM102 (the walk's first chunk's K, S, Q and dO; later chunks' come the step before)
                 if T.get_thread_binding() < 32:
                     T.tma_copy(k[0, t_last : t_last + C, bhg, 0:dk], k_sh, barrier=loaded[1])
@@ -399,7 +411,7 @@ def bwd_chunk_grads_program(
                 bc = c_last - it  # the chunk (global index: states) and its first token
                 t0 = t_last - it * C
                 slot = piece if fused else bc  # dS' of the chunk: the piece's slot, or the chunk's own
-                stamp(prof, bid, 0)
+                stamp(prof, bid, 0, clk)
                 # tiles, rows past the sequence end as zero (g clamped to the last valid token's)
                 if tile_loads:
                     if tma_loads:
@@ -479,7 +491,7 @@ def bwd_chunk_grads_program(
                 if gamma_frag:
                     for i, j in T.Parallel(C, C):
                         gam[i, j] = gamma_of(g_sh, i, j)
-                stamp(prof, bid, 1)
+                stamp(prof, bid, 1, clk)
                 # S (input dtype) and dS' (fp32) as GEMM operands in the input dtype; <S, dS'> in fp32
                 if tile_loads:
                     if not tma_loads:  # rev 4 has both already
@@ -510,7 +522,7 @@ def bwd_chunk_grads_program(
                         sds[i, j] = T.cast(states[bc, bh, i, j], acc) * ds_next[bc, bh, i, j]
                 reduce_sum(sds, sds_rows, red_k, 1)
 
-                stamp(prof, bid, 2)
+                stamp(prof, bid, 2, clk)
                 # W = V - D (K S), Vn = Ag W
                 mm(k_sh, s_sh, cv)  # K S
                 if ds_tma or fused:  # the merged build may give w_sh v_sh's space: read all of V before W is stored
@@ -531,7 +543,7 @@ def bwd_chunk_grads_program(
                 mm(q_sh, k_sh, cc, transpose_b=True)  # Q K^T
                 for i, j in T.Parallel(C, C):
                     p_sh[i, j] = T.cast(scale * gamma(g_sh, gam, i, j) * cc[i, j], dtype)
-                stamp(prof, bid, 3)
+                stamp(prof, bid, 3, clk)
                 # dVn = P^T dO + D_r (K dS'); x_i = D_r,i sum_v (K dS')_iv Vn_iv
                 if not lean:  # rev 12 takes x from dk's first product
                     mm(k_sh, ds_sh, cv)  # K dS'
@@ -550,7 +562,7 @@ def bwd_chunk_grads_program(
                 mm(p_sh, do_sh, cv, transpose_a=True, clear=False)
                 for i, j in T.Parallel(C, dv):
                     dvn_sh[i, j] = T.cast(cv[i, j], dtype)
-                stamp(prof, bid, 4)
+                stamp(prof, bid, 4, clk)
                 # dW = Ag^T dVn; row_b[i] = sum_v dW_iv (K S)_iv
                 if dw_beta_fp32:
                     for i, j in T.Parallel(C, C):  # Ag without beta (Vn above used the rounded Ag with it)
@@ -586,7 +598,7 @@ def bwd_chunk_grads_program(
                         cv[i, j] = scale * cv[i, j] * T.cast(do_sh[i, j], acc)
                     reduce_sum(cv, row_a, red_cv, 1)
 
-                stamp(prof, bid, 5)
+                stamp(prof, bid, 5, clk)
                 # dP = (dO Vn^T) o L, dQK = scale Gamma o dP; pair gate terms start as scale dP o QK^T o Gamma
                 mm(do_sh, vn_sh, cc2, transpose_b=True)
                 for i, j in T.Parallel(C, C):
@@ -627,7 +639,7 @@ def bwd_chunk_grads_program(
                     for i in T.Parallel(C):
                         dgc_sh[i] = dgc_sh[i] + row_a[i] - row_c[i]
 
-                stamp(prof, bid, 6)
+                stamp(prof, bid, 6, clk)
                 # A0 path: dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL
                 mm(a_sh, da0_sh, cc, transpose_a=True)
                 for i, j in T.Parallel(C, C):
@@ -643,7 +655,7 @@ def bwd_chunk_grads_program(
                     if t0 + i < end:
                         dbeta[0, t0 + i, bh] = col_a[i] + row_a[i]
 
-                stamp(prof, bid, 7)
+                stamp(prof, bid, 7, clk)
                 if pair_early:  # rev 10: dk first; rank 0's dk leaves while both form dq
                     dk_gemms(ck, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, k_sh, dwd_sh, s_sh)
                     T.cluster_sync()  # pair_sh's space is free in both CTAs (the merged plan places it by lifetime)
@@ -678,7 +690,7 @@ def bwd_chunk_grads_program(
                         for i, j in T.Parallel(C, dk):
                             if t0 + i < end:
                                 dq_v[0, t0 + i, bh, j] = ck[i, j]
-                    stamp(prof, bid, 8)
+                    stamp(prof, bid, 8, clk)
                     if lean:  # t_sh (the A0 path's) is free again: the symmetrised dKKt
                         dk_gemms_lean(
                             ck, cv, red_cv, x_sh, dqk_sh, q_sh, vnr_sh, ds_sh, dkkt_sh, t_sh, k_sh, dwd_sh, s_sh
@@ -692,7 +704,7 @@ def bwd_chunk_grads_program(
                             if t0 + i < end:
                                 dk_v[0, t0 + i, bh, j] = ck[i, j]
 
-                stamp(prof, bid, 9)
+                stamp(prof, bid, 9, clk)
                 if prefetch:  # the chain's step first, then the next chunk's K, S, Q and dO fly during the dg tail
                     chain_step(w_sh, vn_sh, do_sh, d_sh, sds, ds_next, piece, bh, q_sh, k_sh, dwd_sh)
                     if it + 1 < n_iter:  # noqa: SIM102 (a TIR condition: Python's `and` cannot join two)
@@ -736,9 +748,10 @@ def bwd_chunk_grads_program(
                 for i in T.Parallel(C):
                     if t0 + i < end:
                         dg[0, t0 + i, bh] = row_a[i]
-                stamp(prof, bid, 10)
+                stamp(prof, bid, 10, clk)
                 if fused and not prefetch:
                     chain_step(w_sh, vn_sh, do_sh, d_sh, sds, ds_next, piece, bh, q_sh, k_sh, dwd_sh)
+                    stamp(prof, bid, 11, clk)
                 if prefetch:  # the dg tail's writes before the next step's bulk copies of V and A0
                     T.fence_proxy_async()
                     T.sync_threads()
@@ -746,7 +759,7 @@ def bwd_chunk_grads_program(
     gh = h_qk if cluster_sum else h_v  # dq, dk: the group's sum in the input dtype, or per value head in fp32
     gdt = dtype if cluster_sum else acc
 
-    if profile:
+    if profile and not fused:
 
         @T.prim_func
         def bwd_chunk_grads_profile(
@@ -771,6 +784,33 @@ def bwd_chunk_grads_program(
                  dg, prof, None)  # fmt: skip
 
         return bwd_chunk_grads_profile
+
+    if fused and profile:
+
+        @T.prim_func
+        def bwd_fused_profile(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+            states: T.Tensor((nc, h_v, dk, dv), dtype),
+            ds_slots: T.Tensor((ns - 1, h_v, dk, dv), acc),
+            cu_seqlens: T.Tensor((ns,), "int32"),
+            chunk_offsets: T.Tensor((ns,), "int32"),
+            dq_v: T.Tensor((1, nt, h_v, dk), acc),
+            dk_v: T.Tensor((1, nt, h_v, dk), acc),
+            dbeta: T.Tensor((1, nt, h_v), acc),
+            dg: T.Tensor((1, nt, h_v), acc),
+            dv_out: T.Tensor((1, nt, h_v, dv), dtype),
+            prof: T.Tensor(((ns - 1) * h_v, len(FUSED_PROFILE_STAMPS) - 1), "int64"),
+        ):
+            body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_slots, cu_seqlens, chunk_offsets, dq_v, dk_v, dbeta,
+                 dg, prof, dv_out)  # fmt: skip
+
+        return bwd_fused_profile
 
     if fused:
 
