@@ -42,12 +42,18 @@ def test_every_rounding_is_switchable_and_bf16_sized(x):
         fla.dg(x, ("s",))
 
 
-def test_our_chains_are_bf16_close(x):
-    states, ds_next = fla.ours_chains(x)
-    assert torch.equal(states[0], x["s0"]) and torch.equal(ds_next[-1], x["dht"])
-    for got, want in ((states, x["states"]), (ds_next, x["ds_next"])):
-        err = ((got - want).norm() / want.norm()).item()
-        assert 1e-5 < err < 1e-2
+@pytest.mark.parametrize("stage0", fla.STAGE0_FORMS)
+def test_chains_are_bf16_close(x, stage0):
+    ours_states, ours_ds = fla.ours_chains(x, stage0)
+    fla_states, fla_ds = fla.fla_chains(x)
+    for states, ds_next in ((ours_states, ours_ds), (fla_states, fla_ds)):
+        assert torch.equal(states[0], x["s0"]) and torch.equal(ds_next[-1], x["dht"])
+        for got, want in ((states, x["states"]), (ds_next, x["ds_next"])):
+            err = ((got - want).norm() / want.norm()).item()
+            assert 1e-5 < err < 1e-2
+    assert not torch.equal(ours_states, fla_states)
+    with pytest.raises(ValueError, match="stage0 must be one of"):
+        fla.ours_chains(x, "ws5")
 
 
 def test_tf32_rounds_to_nearest_ties_away():
