@@ -33,6 +33,26 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 24 (S24_WS12=1): stage 0 in the ws12 formation ($QLA_BWD_STATES=ws12: Agb from the stored A0, then the
+# rev 9 walk storing its states; prepared on the CPU, off by default): the float64 checks of the whole backward with
+# it (plain, then CP), then the harness's qwen35-bwd rows with it and with ws5 on $WS12_HEADS, each checked against
+# float64 first: their dg errors against the committed FLA rows of the same inputs are the point (rounding_study_dg_fla
+# predicts a median ratio of 0.72-0.90x against ws5's ~1.0x), their times the cost.
+if [ -n "${S24_WS12:-}" ]; then
+  STEP_ENV=QLA_BWD_STATES=ws12 step ws12-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
+  STEP_ENV=QLA_BWD_STATES=ws12 step ws12-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
+  for v in ws12 ws5; do
+    budget=$(left); (( budget < 40 )) && { echo "skip bwd-$v: out of time"; continue; }
+    lim=$(( budget < 200 ? budget : 200 ))
+    rows=$(mktemp -d /tmp/bwd-$v-XXXX)
+    QLA_BWD_STATES=$v timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
+      --heads "${WS12_HEADS:-2/4,4/8}" --timers events --out "$rows" --no-report > "$dest/bwd-$v.log" 2>&1
+    echo "bwd-$v rc=$? t=$(( $(date +%s) - t0 )) s"
+    cat "$rows"/*.jsonl > "$dest/bwd-$v.jsonl" 2>/dev/null
+  done
+  exit 0
+fi
+
 # Session 23 (S23_CP_PIECES=1): the forward's CP pieces forced ($QLA_CP_PIECE) against the cost model's choice on
 # the head configs of FlashQLA's five remaining wins (16/16 1x8192 and 1x2048, 2/8 1x8192, 8/24 4096+28672 and
 # 28672+4096), every mix of those heads, one run per piece length.

@@ -76,10 +76,12 @@ def variants() -> list[tuple[str, str, tuple]]:
         for bv in (128, 64, 32):
             out.append((f"ws rev{rev} state pass bv{bv}", "fused_fwd_ws_kernel",
                         (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, False, bv, False, rev, True)))  # fmt: skip
-    for bv in (128, 64, 32):
-        for use_h0 in (True, False):  # bwd_api.chunk_states with $QLA_BWD_STATES=ws5
-            out.append((f"ws rev5 state store bv{bv} h0={use_h0}", "fused_fwd_ws_kernel",
-                        (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, 5, False, True)))  # fmt: skip
+    for rev in (5, 9):
+        for bv in (128, 64, 32):
+            for use_h0 in (True, False):  # bwd_api.chunk_states with $QLA_BWD_STATES=ws5 (rev 5) or ws12 (rev 9)
+                args = (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", use_h0, False, bv, False, rev, False, True)
+                out.append((f"ws rev{rev} state store bv{bv} h0={use_h0}", "fused_fwd_ws_kernel", args))
+    out.append(("bwd agb bfloat16", "agb_from_a0_kernel", ("bfloat16",)))  # ws12's Agb from A0 (bwd/agb.py)
     for rev, bv in ((r, b) for r in (4, 5, 7, 8, 9) for b in (128, 32)):  # test_profile_phases's builds
         out.append((f"ws rev{rev} profile bv{bv}", "fused_fwd_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, bv, True, rev)))  # fmt: skip
@@ -168,7 +170,7 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 
 def factory(name: str):
-    from qla_kernels.gdn.bwd import chunk_grads, chunk_grads_ws, dstate_chain, dvl_wk, group_sum
+    from qla_kernels.gdn.bwd import agb, chunk_grads, chunk_grads_ws, dstate_chain, dvl_wk, group_sum
     from qla_kernels.gdn.fwd import (
         cp_combine,
         fused_fwd,
@@ -184,7 +186,7 @@ def factory(name: str):
 
     modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, fused_fwd_ws, fused_fwd_ws7,
                fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, chunk_grads_ws, dvl_wk,
-               group_sum)  # fmt: skip
+               group_sum, agb)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)

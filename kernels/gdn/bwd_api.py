@@ -130,8 +130,11 @@ DEFAULT_GRADS_REV = "rev8"
 # (checked on the H200, 2.2 ms at 16/32 1x32768), "ws5" the warp-specialised rev 5 forward whose state
 # warpgroup TMA-stores the bf16 state it publishes anyway, at the forward's V-slice: on the H200 (session 6)
 # its states equal v2's bit for bit and it takes 0.86 ms there (0.25-0.43 ms on many sequences), so it is
-# the default. $QLA_BWD_STATES overrides the default.
-STATES_IMPLS = ("v2", "ws5")
+# the default. "ws12" (session 24, prepared, not yet run on a GPU) is the forward's ws12 walk (fused_fwd_ws rev 9)
+# storing its states: it forms each chunk's new values as U - Wk bf(S) from Agb (bwd/agb.py forms Agb from the stored
+# A0) instead of bf(Ag) bf(W); rounding_study_dg_fla emulates its states at ~25 % less error than ws5's, which moves
+# dg's error against FLA's (a coin flip per seed with ws5) towards below it. $QLA_BWD_STATES overrides the default.
+STATES_IMPLS = ("v2", "ws5", "ws12")
 STATES_IMPL_ENV = "QLA_BWD_STATES"
 DEFAULT_STATES_IMPL = "ws5"
 
@@ -405,10 +408,11 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
 
     walks: list[tuple[torch.Tensor, torch.Tensor]] = []
+    a_st, rev = _stage0_operand(af, gf, bf, plan)  # the walk's (the state pass keeps A0 and rev 5)
 
     def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
         if side is None:
-            _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+            _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states, rev)
         else:  # launched on the side stream once stage 1 is queued
             walks.append((cu, init))
 
@@ -431,14 +435,29 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
         ds, dh0 = dstate_cp(cpp, hm, dht.contiguous() if dht is not None else None, chain, combine_fn)
         for cu, init in walks:  # init (the combine's) stays referenced in walks until the join
             with _on(side):
-                _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+                _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states,
+                              rev)  # fmt: skip
     finally:  # joined even on an error: an unjoined side stream would end a graph capture with its own error
         _join(side)
     return states, DStateOutput(ds_next=ds, dv=None, dh0=dh0)
 
 
-def _store_states(qf, kf, vf, gf, bf, af, h0, cu, chunk_offsets, n: int, scale: float, states: torch.Tensor) -> None:
-    """The ws5 forward in state-store mode over n sequences (or pieces) from h0 (None: zero): writes states."""
+def _stage0_operand(af, gf, bf, plan: ChunkPlan) -> tuple[torch.Tensor, int]:
+    """What stage 0's ws walk multiplies by, and its fused_fwd_ws revision: the stored A0 for ws5 (rev 5), or
+    Agb = Gamma o A0 diag(beta) formed from it (bwd/agb.py, one launch) for ws12 (rev 9)."""
+    if resolve_states_impl() != "ws12":
+        return af, 5
+    from .bwd.agb import agb_from_a0_kernel
+
+    agb = torch.empty_like(af)
+    launcher(agb_from_a0_kernel(_TL_DTYPE[af.dtype]))(af, gf, bf, plan.cu_seqlens, plan.chunk_indices, agb)
+    return agb, 9
+
+
+def _store_states(qf, kf, vf, gf, bf, af, h0, cu, chunk_offsets, n: int, scale: float, states: torch.Tensor,
+                  rev: int = 5) -> None:  # fmt: skip
+    """The ws forward in state-store mode over n sequences (or pieces) from h0 (None: zero): writes states. rev 5
+    (ws5) takes A0 as af, rev 9 (ws12) Agb (_stage0_operand)."""
     from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
 
     h_v = vf.shape[2]
@@ -448,7 +467,7 @@ def _store_states(qf, kf, vf, gf, bf, af, h0, cu, chunk_offsets, n: int, scale: 
     h0_ = h0.contiguous() if use_h0 else _dummy_state(h_v, qf.device)
     bv = choose_block_v_ws(n, h_v, _num_sms(qf.device))  # the forward's slice width
     dt = _TL_DTYPE[qf.dtype]
-    kernel = launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, False, bv, False, 5, False, True))
+    kernel = launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, False, bv, False, rev, False, True))
     kernel(qf, kf, vf, gf, bf, af, h0_, cu, o, ht, chunk_offsets, states)
 
 
@@ -459,8 +478,10 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float,
     h_v = vf.shape[2]
     if states is None:
         states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
-    if resolve_states_impl() == "ws5":
-        _store_states(qf, kf, vf, gf, bf, af, h0, plan.cu_seqlens, plan.chunk_offsets, plan.num_seqs, scale, states)
+    if resolve_states_impl() != "v2":
+        a_st, rev = _stage0_operand(af, gf, bf, plan)
+        _store_states(qf, kf, vf, gf, bf, a_st, h0, plan.cu_seqlens, plan.chunk_offsets, plan.num_seqs, scale, states,
+                      rev)  # fmt: skip
         return states
     from .fwd.fused_fwd import fused_fwd_kernel
 
@@ -515,9 +536,10 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
     nsm, dt = _num_sms(qf.device), _TL_DTYPE[qf.dtype]
     combine_fn = _combine_kernel if resolve_cp_combine() == "kernel" else None
     states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
+    a_st, rev = _stage0_operand(af, gf, bf, plan)
 
     def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
-        _store_states(qf, kf, vf, gf, bf, af, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states)
+        _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states, rev)
 
     hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
     out: list[torch.Tensor] = []

@@ -203,6 +203,8 @@ def test_bwd_states_impl_from_the_environment(monkeypatch):
     assert resolve_states_impl() == "ws5"  # the default since it passed on the H200 (session 6)
     monkeypatch.setenv("QLA_BWD_STATES", "v2")
     assert resolve_states_impl() == "v2"
+    monkeypatch.setenv("QLA_BWD_STATES", "ws12")
+    assert resolve_states_impl() == "ws12"
     monkeypatch.setenv("QLA_BWD_STATES", "ws4")
-    with pytest.raises(ValueError, match=r"QLA_BWD_STATES must be one of \['v2', 'ws5'\]"):
+    with pytest.raises(ValueError, match=r"QLA_BWD_STATES must be one of \['v2', 'ws12', 'ws5'\]"):
         resolve_states_impl()

@@ -405,12 +405,13 @@ def test_bwd_chunk_grads_rev9_compiles(ratio, early):
         assert "cluster" not in rep.source.split("extern \"C\"")[-1]
 
 
-@pytest.mark.parametrize(("use_h0", "block_v"), [(True, 128), (False, 32)])
-def test_fused_fwd_ws5_state_store_compiles(use_h0, block_v):
-    # bwd_api.chunk_states with $QLA_BWD_STATES=ws5: WG0 TMA-stores the bf16 state of every chunk
+@pytest.mark.parametrize(("rev", "use_h0", "block_v"), [(5, True, 128), (5, False, 32), (9, True, 128), (9, False, 32)])
+def test_fused_fwd_ws5_state_store_compiles(rev, use_h0, block_v):
+    # bwd_api.chunk_states with $QLA_BWD_STATES=ws5 (rev 5) or ws12 (rev 9): WG0 TMA-stores the bf16 state of
+    # every chunk
     from qla_kernels.gdn.fwd.fused_fwd_ws import PASS_CONFIGS, fused_fwd_ws_program
 
-    prog = fused_fwd_ws_program(128, 128, 128**-0.5, "bfloat16", use_h0, False, block_v, False, 5, False, True)
+    prog = fused_fwd_ws_program(128, 128, 128**-0.5, "bfloat16", use_h0, False, block_v, False, rev, False, True)
     rep = build_sm90a(prog, PASS_CONFIGS)
     print(rep.line())
     assert "tl::tma_store(states_desc" in rep.source and "tma_store_wait" in rep.source

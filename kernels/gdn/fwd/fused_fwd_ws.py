@@ -197,7 +197,7 @@ def fused_fwd_ws_program(
     async_prep = rev >= 9  # WG1's -Wk and U GEMMs under one wait, the diagonal fix between them
     assert dv % block_v == 0 and block_v in (32, 64, 128)
     assert not state_pass or (v5 and not beta_in_w and not profile and not state_v_first and dk == dv)
-    assert not store_states or (v5 and not ab and not profile and not state_pass and not state_v_first)
+    assert not store_states or (v5 and rev in (5, 6, 9) and not profile and not state_pass and not state_v_first)
     assert NREG_STATE + NREG_DELTA + NREG_OUT + NREG_LOAD <= 512
     assert NREG_STATE + NREG_DELTA_REV7 + NREG_OUT_REV7 + NREG_LOAD <= 512
     assert NREG_STATE + NREG_DELTA_REV9 + NREG_OUT_REV7 + NREG_LOAD <= 512
