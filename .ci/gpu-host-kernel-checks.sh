@@ -39,6 +39,7 @@ ab() {
 # float64 first: their dg errors against the committed FLA rows of the same inputs are the point (rounding_study_dg_fla
 # predicts a median ratio of 0.72-0.90x against ws5's ~1.0x), their times the cost.
 if [ -n "${S24_WS12:-}" ]; then
+  step ws12-states 60 tests/gpu/test_qla_bwd.py -k chunk_states_ws5_matches_v2  # ws5, ws12 against v2, every chunk
   STEP_ENV=QLA_BWD_STATES=ws12 step ws12-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
   STEP_ENV=QLA_BWD_STATES=ws12 step ws12-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
   for v in ws12 ws5; do

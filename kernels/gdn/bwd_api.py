@@ -412,7 +412,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
 
     def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
         if side is None:
-            _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states, rev)
+            _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states, rev=rev)
         else:  # launched on the side stream once stage 1 is queued
             walks.append((cu, init))
 
@@ -436,7 +436,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
         for cu, init in walks:  # init (the combine's) stays referenced in walks until the join
             with _on(side):
                 _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states,
-                              rev)  # fmt: skip
+                              rev=rev)  # fmt: skip
     finally:  # joined even on an error: an unjoined side stream would end a graph capture with its own error
         _join(side)
     return states, DStateOutput(ds_next=ds, dv=None, dh0=dh0)
@@ -481,7 +481,7 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float,
     if resolve_states_impl() != "v2":
         a_st, rev = _stage0_operand(af, gf, bf, plan)
         _store_states(qf, kf, vf, gf, bf, a_st, h0, plan.cu_seqlens, plan.chunk_offsets, plan.num_seqs, scale, states,
-                      rev)  # fmt: skip
+                      rev=rev)  # fmt: skip
         return states
     from .fwd.fused_fwd import fused_fwd_kernel
 
@@ -539,7 +539,7 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
     a_st, rev = _stage0_operand(af, gf, bf, plan)
 
     def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
-        _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states, rev)
+        _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states, rev=rev)
 
     hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
     out: list[torch.Tensor] = []

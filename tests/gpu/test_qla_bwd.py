@@ -69,6 +69,11 @@ def test_chunk_states_ws5_matches_v2(name, monkeypatch):
     per_chunk = [rel_l2(got["ws5"][c], got["v2"][c]) for c in range(plan.num_chunks)]
     print(f"\n[states ws5 vs v2] {name}: chunks={plan.num_chunks} worst={max(per_chunk):.2e}")
     assert max(per_chunk) <= 5e-3, max(per_chunk)
+    # ws12 (session 24) forms each chunk's values otherwise (U - Wk bf(S) from Agb): the same states to the
+    # roundings of two formations, every chunk of every sequence stored
+    per_chunk = [rel_l2(got["ws12"][c], got["v2"][c]) for c in range(plan.num_chunks)]
+    print(f"[states ws12 vs v2] {name}: worst={max(per_chunk):.2e}")
+    assert max(per_chunk) <= 1e-2, max(per_chunk)
 
 
 

@@ -96,12 +96,12 @@ def test_stage0_beside_stage1_equals_in_turn(name, monkeypatch):
     store = bwd_api._store_states
     on_side = []
 
-    def delayed_store(*args):
+    def delayed_store(*args, **kwargs):  # args[-1]: states (the revision comes as a keyword)
         side = bwd_api._side_streams.get(torch.cuda.current_device())
         on_side.append(side is not None and torch.cuda.current_stream() == side)
         args[-1].fill_(float("nan"))  # states: a stage 2 reading them before the store ends sees NaN
         torch.cuda._sleep(100_000_000)  # ~50 ms at ~2 GHz, on the stream the store is about to use
-        store(*args)
+        store(*args, **kwargs)
 
     monkeypatch.setattr(bwd_api, "_store_states", delayed_store)
     for cp in ({"cp": False}, {"cp": True, "cp_piece": piece}):
