@@ -44,10 +44,11 @@ def agb_from_a0_program(dtype: str, cpu_debug: bool = False):
         with T.Kernel(nc * h_v, threads=THREADS) as (bid,):
             g_sh = T.alloc_shared((C,), acc, scope="shared") if cpu_debug else T.alloc_shared((C,), acc)
             b_sh = T.alloc_shared((C,), acc, scope="shared") if cpu_debug else T.alloc_shared((C,), acc)
-            bh = bid % h_v
-            seq = chunk_indices[bid // h_v, 0]
-            t0 = cu_seqlens[seq] + chunk_indices[bid // h_v, 1] * C
-            end = cu_seqlens[seq + 1]
+            # the CTA's indices once, in registers: substituted into every address, they cost 64-bit divisions
+            # per element (stage 2 rev 3's lesson)
+            bh = T.alloc_var("int32", init=bid % h_v)
+            t0 = T.alloc_var("int32", init=cu_seqlens[chunk_indices[bid // h_v, 0]] + chunk_indices[bid // h_v, 1] * C)
+            end = T.alloc_var("int32", init=cu_seqlens[chunk_indices[bid // h_v, 0] + 1])
             for i in T.Parallel(C):
                 g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
                 b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
