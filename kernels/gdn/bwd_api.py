@@ -13,6 +13,7 @@ uses this on CUDA ($QLA_BWD_IMPL=torch selects the specification instead).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -298,7 +299,7 @@ def _check_stage_inputs(q, k, v, g_cumsum, beta, A, do, cu_seqlens):
 
 def resolve_bwd_cp() -> bool:
     """Context parallelism for the backward's chains? Yes unless $QLA_BWD_CP is "0" (and only with the
-    stage 0 and stage 1 kernels the CP path runs: ws5 and rev3 or rev4)."""
+    stage 0 and stage 1 kernels the CP path runs: ws5 or ws12, and rev3 or rev4)."""
     return env_switch_on(BWD_CP_ENV)
 
 
@@ -370,8 +371,8 @@ def _bwd_cp_plan(
         raise ValueError(f"cp_piece must be a positive number of {CHUNK}-token chunks, got {cp_piece!r}")
     if not (resolve_bwd_cp() if cp is None else cp):
         return None
-    if not fused and (resolve_states_impl() != "ws5" or resolve_dstate_rev() not in PRECOMPUTED_DSTATE_REVS):
-        return None  # the fused backward's CP stores states with ws5 and runs its pass A on a precomputed chain
+    if not fused and (resolve_states_impl() == "v2" or resolve_dstate_rev() not in PRECOMPUTED_DSTATE_REVS):
+        return None  # the CP paths store states with a ws walk; the fused one runs its pass A on a precomputed chain
     nsm = _num_sms(device)
     choose = fused_piece_chunks if fused else bwd_piece_chunks
     piece = cp_piece if cp_piece is not None else choose(plan, h_v, nsm, _step_rev())  # cached per plan
@@ -408,7 +409,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
     states = torch.empty(plan.num_chunks, h_v, HEAD_DIM, HEAD_DIM, dtype=qf.dtype, device=qf.device)
 
     walks: list[tuple[torch.Tensor, torch.Tensor]] = []
-    a_st, rev = _stage0_operand(af, gf, bf, plan)  # the walk's (the state pass keeps A0 and rev 5)
+    a_st, rev = _stage0_operand(af, gf, bf, plan)  # the state pass's and the walk's
 
     def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
         if side is None:
@@ -416,7 +417,7 @@ def _states_and_dstate_cp(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan,
         else:  # launched on the side stream once stage 1 is queued
             walks.append((cu, init))
 
-    hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
+    hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, a_st, cpp, scale, nsm, rev), walk, combine_fn)
 
     dvl, wk = _dvl_wk(qf, kf, gf, bf, af, dof, plan, scale)
     bv = dstate_width(cpp.num_pieces, cpp.max_piece_chunks, plan.num_chunks, h_v, nsm, _step_rev())
@@ -447,11 +448,17 @@ def _stage0_operand(af, gf, bf, plan: ChunkPlan) -> tuple[torch.Tensor, int]:
     Agb = Gamma o A0 diag(beta) formed from it (bwd/agb.py, one launch) for ws12 (rev 9)."""
     if resolve_states_impl() != "ws12":
         return af, 5
+    agb = torch.empty_like(af)
+    _agb_launcher(_TL_DTYPE[af.dtype])(af, gf, bf, plan.cu_seqlens, plan.chunk_indices, agb)
+    return agb, 9
+
+
+@functools.cache
+def _agb_launcher(dt: str):
+    """bwd/agb.py's kernel for the dtype, looked up once (TileLang's own lookup costs microseconds a call)."""
     from .bwd.agb import agb_from_a0_kernel
 
-    agb = torch.empty_like(af)
-    launcher(agb_from_a0_kernel(_TL_DTYPE[af.dtype]))(af, gf, bf, plan.cu_seqlens, plan.chunk_indices, agb)
-    return agb, 9
+    return launcher(agb_from_a0_kernel(dt))
 
 
 def _store_states(qf, kf, vf, gf, bf, af, h0, cu, chunk_offsets, n: int, scale: float, states: torch.Tensor,
@@ -541,7 +548,7 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
     def walk(cu: torch.Tensor, init: torch.Tensor) -> None:
         _store_states(qf, kf, vf, gf, bf, a_st, init, cu, cpp.chunk_offsets, cpp.num_pieces, scale, states, rev=rev)
 
-    hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, af, cpp, scale, nsm), walk, combine_fn)
+    hm = states_cp(cpp, h0, state_pass_launcher(qf, kf, vf, gf, bf, a_st, cpp, scale, nsm, rev), walk, combine_fn)
     out: list[torch.Tensor] = []
 
     def chain(ends: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -41,3 +41,21 @@ def test_bad_arguments_are_named():
         choose_fused_cp([4], 0, 132)
     with pytest.raises(ValueError, match="sequences of >= 1 chunk"):
         choose_fused_cp([], 4, 132)
+
+
+@pytest.mark.parametrize(("states", "split"), [("ws5", True), ("ws12", True), ("v2", False)])
+def test_staged_cp_runs_with_either_ws_stage0(monkeypatch, states, split):
+    """The staged backward's CP stores its states with a ws walk (ws5, or ws12 from Agb): both keep CP (a
+    gate asking for ws5 alone once ran ws12 without it); the v2 store has no CP path."""
+    import torch
+
+    from qla_kernels.gdn.plan import build_plan_from_list
+
+    monkeypatch.setattr(bwd_api, "_num_sms", lambda device: 132)
+    monkeypatch.setenv(bwd_api.STATES_IMPL_ENV, states)
+    monkeypatch.delenv(bwd_api.BWD_CP_ENV, raising=False)
+    plan = build_plan_from_list([0, 64 * 64], "cpu")
+    cpp = bwd_api._bwd_cp_plan(plan, 4, torch.device("cpu"), None, 16)
+    assert (cpp is not None) == split
+    if split:
+        assert cpp.num_pieces == 4

@@ -419,6 +419,18 @@ def test_fused_fwd_ws5_state_store_compiles(rev, use_h0, block_v):
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
 
+def test_bwd_agb_compiles():
+    # bwd/agb.py ($QLA_BWD_STATES=ws12's Agb from A0): an element-wise pass, its indices hoisted (no 64-bit
+    # divisions per element: 89 KiB of code before, ~30 after)
+    from qla_kernels.gdn.bwd.agb import agb_from_a0_program
+    from qla_kernels.gdn.fwd.fused_fwd import PASS_CONFIGS
+
+    rep = build_sm90a(agb_from_a0_program("bfloat16"), PASS_CONFIGS)
+    print(rep.line())
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert rep.code_bytes < 48 * 1024, rep.line()
+
+
 @pytest.mark.parametrize("use_h0", [True, False])
 def test_fused_fwd_state_store_compiles(use_h0):
     # the V-slice bwd_api.chunk_states uses (at 64 the kernel spills 12-20 B past 128 registers)
