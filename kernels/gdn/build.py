@@ -32,6 +32,8 @@ class BuildReport:
     # bytes of SASS (the cubin's .text sections): session 21's rev 11 (155 KB against rev 8's 98 KB) lost 24 % of
     # its issue slots to instruction fetch, so warp-specialised builds need this number as much as registers
     code_bytes: int = -1
+    # the cubin itself (build_sm90a(..., lineinfo=True) only): sass_stats reads it with nvdisasm
+    cubin: bytes | None = None
 
     def line(self) -> str:
         return (f"{self.name}: {self.registers} regs, spills {self.spill_stores}/{self.spill_loads} B "
@@ -77,8 +79,12 @@ def lower_sm90a(prim_func, pass_configs: dict | None = None):
         return tilelang.lower(prim_func, target=target)
 
 
-def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = True) -> BuildReport:
-    """Lower and compile to a cubin with ptxas -v; raise RuntimeError with nvcc's output on failure."""
+def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = True,
+                lineinfo: bool = False) -> BuildReport:
+    """Lower and compile to a cubin with ptxas -v; raise RuntimeError with nvcc's output on failure.
+    lineinfo: compile with -lineinfo and keep the cubin in the report, so each SASS instruction can be tied to
+    a line of the generated CUDA (sass_stats); -lineinfo leaves the code alone (vs2: same registers, spills and
+    code size with and without it)."""
     import tilelang.env as tl_env
 
     art = lower_sm90a(prim_func, pass_configs)
@@ -101,11 +107,14 @@ def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = T
                cu, "-o", os.path.join(d, "k.cubin")]
         if fast_math:
             cmd.append("--use_fast_math")
+        if lineinfo:
+            cmd.append("-lineinfo")
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        code = -1
+        code, cubin = -1, None
         if res.returncode == 0:
             with open(os.path.join(d, "k.cubin"), "rb") as fh:
-                code = text_bytes(fh.read())
+                cubin = fh.read()
+            code = text_bytes(cubin)
     if res.returncode != 0:
         raise RuntimeError(f"nvcc failed ({res.returncode}):\n{res.stderr[-4000:]}")
     regs = re.search(r"Used (\d+) registers", res.stderr)
@@ -119,6 +128,7 @@ def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = T
         source=src,
         wgmma_serialized="C7512" in res.stderr,
         code_bytes=code,
+        cubin=cubin if lineinfo else None,
     )
 
 
