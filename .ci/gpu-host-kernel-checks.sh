@@ -33,6 +33,19 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 25 (S25_VS3=1): vs3, the one-kernel forward's auxiliary warpgroup with its gate scan by warp shuffles under
+# Q K^T (fused_fwd_vs's fast_gates; compiled on the CPU, never run): its float64 cases (bf16, fp16, GVA 1-4, T = 1,
+# T = 65, ragged, an initial state), then the profile build beside vs2's on the same inputs (WG3's phases: did the
+# scan's ~1.4 K and the gate vectors' ~0.5 K cycles a chunk go?), then the whole forward's time against kkt + ws12
+# and vs2. Cache: `--only vs3`, `--only "vs2 bfloat16"`, `--only "vs2 profile"`, `--only "vs3 profile"`,
+# `--only "ws rev9 bv128"`, `--only "kkt v4t agb"`.
+if [ -n "${S25_VS3:-}" ]; then
+  step vs3-check 150 tests/gpu/test_qla_fused_ws.py -k "vs3 and not timing and not profile"
+  step vs3-profile 120 tests/gpu/test_qla_fused_ws.py -k test_profile_vs_phases
+  STEP_ENV=WS_TIMING_IMPLS=ws12,vs2,vs3 step vs3-timing 150 tests/gpu/test_qla_fused_ws.py -k test_time_fused_variants
+  exit 0
+fi
+
 # Session 24 (S24_WS12=1): stage 0 in the ws12 formation ($QLA_BWD_STATES=ws12: Agb from the stored A0, then the
 # rev 9 walk storing its states; prepared on the CPU, off by default): the float64 checks of the whole backward with
 # it (plain, then CP), then the harness's qwen35-bwd rows with it and with ws5 on $WS12_HEADS, each checked against

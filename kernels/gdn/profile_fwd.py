@@ -110,11 +110,13 @@ def profile_fused_vs(
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     precise: bool = False,
+    fast_gates: bool = False,
 ) -> dict[str, dict[str, float]]:
     """{warpgroup: {phase: mean cycles per chunk}} for one launch of the profile build of fused_fwd_vs with
-    stage 1 inside (vs2, precise: vs2p): WG1 (a state warpgroup) and WG3 (Pg and the inverse). The launch's
-    o and final state are checked against the plain build's, so a profile of a broken build cannot pass."""
-    from .fwd.fused_fwd_vs import NUM_PHASES, PHASES, fused_fwd_vs_kernel
+    stage 1 inside (vs2, precise: vs2p, fast_gates: vs3): WG1 (a state warpgroup) and WG3 (Pg and the inverse).
+    The launch's o and final state are checked against the plain build's, so a profile of a broken build cannot
+    pass."""
+    from .fwd.fused_fwd_vs import NUM_PHASES, PHASES, PHASES_FAST_GATES, fused_fwd_vs_kernel
 
     h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
     plan = _plan(q, cu_seqlens)
@@ -130,14 +132,17 @@ def profile_fused_vs(
         if profile:
             prof = torch.zeros(plan.num_seqs * h_v, 2, NUM_PHASES, dtype=torch.int64, device=q.device)
             args.append(prof)
-        build = (True,) if profile else ()  # the plain build as the api compiles it (the same cache entry)
-        fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, True, precise, *build)(*args)
+        build = {"profile": True} if profile else {}  # the plain build as the api compiles it (its cache entry)
+        if fast_gates:
+            build["fast_gates"] = True
+        fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, True, precise, **build)(*args)
         outs.append((o, ht))
     torch.cuda.synchronize()
     if not (torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])):
         raise RuntimeError("fused_fwd_vs's profile build computed another o or final state than its plain build")
     total = prof.double().sum(0) / (plan.num_chunks * h_v)  # per chunk-step
-    return {wg: {name: round(total[w, i].item(), 1) for i, name in enumerate(PHASES[w])}
+    names = PHASES_FAST_GATES if fast_gates else PHASES
+    return {wg: {name: round(total[w, i].item(), 1) for i, name in enumerate(names[w])}
             for w, wg in enumerate(("WG1", "WG3"))}
 
 

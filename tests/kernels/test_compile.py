@@ -113,16 +113,19 @@ def test_fused_fwd_vs_compiles(use_h0):
     assert not rep.wgmma_serialized, rep.line()
 
 
-@pytest.mark.parametrize("precise", [False, True])
-def test_fused_fwd_vs_solve_in_kernel_compiles(precise):
+@pytest.mark.parametrize(("precise", "fast_gates"), [(False, False), (True, False), (False, True)])
+def test_fused_fwd_vs_solve_in_kernel_compiles(precise, fast_gates):
     """vs2 / vs2p (session 15; correct on an H100, not yet fast): vs1's state warpgroups unchanged (the same
     register-operand GEMMs), no Agb load (stage 1 is inside: no a0 argument, g_cumsum written), the auxiliary
     warpgroup's Q K^T and K K^T on wgmma and the inverse's block products on tf32 mma.sync, named barriers only
     inside the warpgroups' loops. The auxiliary warpgroup spills ~18 loop-invariant words at 104 registers
-    (bounded here; at 184 / 120 the state warpgroups would spill instead)."""
+    (bounded here; at 184 / 120 the state warpgroups would spill instead). vs3 (fast_gates, session 25): the gate's
+    scan by warp shuffles in every warp of the auxiliary warpgroup (none in a branch), no per-thread prefix sums,
+    Q K^T's wgmma issued before the scan and waited for after it."""
     from qla_kernels.gdn.fwd.fused_fwd_vs import PASS_CONFIGS, fused_fwd_vs_program
 
-    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, precise), PASS_CONFIGS)
+    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, precise,
+                                           fast_gates=fast_gates), PASS_CONFIGS)  # fmt: skip
     rs64 = "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16"
     rs128 = "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16"
     ss = "wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16, false"
@@ -133,20 +136,39 @@ def test_fused_fwd_vs_solve_in_kernel_compiles(precise):
     assert rep.source.count(tf32) >= (12 if precise else 4), "the inverse's block products"
     assert rep.source.count("__syncthreads()") == 1, "only the barrier-init one: the warpgroups sync by name"
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
-    limit = 160 if precise else 128  # session 16: vs2p's lo/hi operand writes, 116 / 140 B
+    # session 16: vs2p's lo/hi operand writes, 116 / 140 B; session 25: vs3 100-116 / 132-148 B (the hoisted gate
+    # values and the scan's registers)
+    limit = 160 if precise or fast_gates else 128
     assert rep.spill_stores <= limit and rep.spill_loads <= limit, rep.line()
     assert not rep.wgmma_serialized, rep.line()
     # session 16's lean auxiliary warpgroup: one barrier phase per step of the inverse, not ~25
     aux = rep.source[rep.source.index("warpgroup_reg_dealloc<104>"):]
     assert aux.count("__sync_thread_partial") <= 14, aux.count("__sync_thread_partial")
+    if fast_gates:
+        assert aux.count("__shfl_up_sync") == 2 and aux.count("__shfl_sync(") == 2
+        assert "part[" not in aux, "vs2's per-thread prefix sums"
+        scan = aux.index("__shfl_up_sync")
+        # Q K^T (the first wgmma of the loop) is committed before the scan and waited for after it
+        assert aux.rindex("warpgroup_commit_batch", 0, scan) < scan < aux.index("wait_wgmma<0>", scan)
+        # no shuffle inside a thread-index branch: the scan runs in every warp
+        assert "threadIdx.x) < 416" not in aux[aux.rindex("for (int c_", 0, scan):scan]
 
 
-def test_fused_fwd_vs_profile_build_compiles():
-    """vs2's profile build: clock64 reads in WG1 and WG3, the prof argument last, the same GEMMs."""
-    from qla_kernels.gdn.fwd.fused_fwd_vs import NUM_PHASES, PASS_CONFIGS, PHASES, fused_fwd_vs_program
+@pytest.mark.parametrize("fast_gates", [False, True])
+def test_fused_fwd_vs_profile_build_compiles(fast_gates):
+    """vs2's (vs3's) profile build: clock64 reads in WG1 and WG3, the prof argument last, the same GEMMs."""
+    from qla_kernels.gdn.fwd.fused_fwd_vs import (
+        NUM_PHASES,
+        PASS_CONFIGS,
+        PHASES,
+        PHASES_FAST_GATES,
+        fused_fwd_vs_program,
+    )
 
     assert NUM_PHASES == max(len(p) for p in PHASES) == 8
-    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, False, True), PASS_CONFIGS)
+    assert [len(p) for p in PHASES_FAST_GATES] == [len(p) for p in PHASES]
+    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, False, True, fast_gates),
+                      PASS_CONFIGS)
     assert "clock64" in rep.source and "prof[" in rep.source
     assert rep.source.count("mma_sync<tl::DataType::kTensorFloat32") >= 4
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()

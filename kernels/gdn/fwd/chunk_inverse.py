@@ -41,7 +41,7 @@ HALF = 32
 LOG2E = 1.4426950408889634
 
 
-def make_chunk_inverse(dtype: str, precise: bool):
+def make_chunk_inverse(dtype: str, precise: bool, masked_loads: bool = False):
     """(alloc_work, clear_constant_blocks, phases) for bf16/fp16 K tiles of CHUNK rows; phases is a dict of
     macros run in this order by one warpgroup (tw: the thread's index within it):
 
@@ -52,6 +52,12 @@ def make_chunk_inverse(dtype: str, precise: bool):
       level2(t2, u2, b_sh, gc_sh, st, t0, end, work, agb_sh)
                                                  X21 = -X22 L21 X11 and Agb = Gamma o A0 diag(beta) into
                                                  agb_sh[st] (t2, u2: (HALF, HALF) fragments)
+
+    masked_loads (vs3, session 25): beta and the gates are read unconditionally and masked by multiplying with
+    0 or 1 (the exponent too, so nothing above the diagonal can overflow), where the default selects them in a
+    branch: loads in a branch stay per element (vs2's level 2 reads 112 words a thread), unconditional ones are
+    read once per distinct row and column. Same values: beta past `end` is the last token's (the producer
+    clamps), finite, times 0.
 
     alloc_work() -> dict of shared buffers (call it in the kernel's top scope; ~18 KB, ~36 KB precise).
     clear_constant_blocks(work, agb_sh, tw): once per CTA, before the first chunk. Tokens at or past `end` get
@@ -101,10 +107,16 @@ def make_chunk_inverse(dtype: str, precise: bool):
         return hi(work, name)[r, c] + lo(work, name)[r, c] if precise else hi(work, name)[r, c]
 
     def beta_in(b_sh, st, t0, end, i):
+        if masked_loads:
+            return b_sh[st, i] * T.if_then_else(t0 + i < end, 1.0, 0.0)
         return T.if_then_else(t0 + i < end, b_sh[st, i], 0.0)
 
     def gate(gc_sh, st, i, j):
         """Gamma_ij = exp(g_i - g_j) on and below the diagonal, 0 above (where exp could overflow)."""
+        if masked_loads:
+            return T.exp2((gc_sh[st, i] - gc_sh[st, j]) * T.if_then_else(i >= j, LOG2E, 0.0)) * T.if_then_else(
+                i >= j, 1.0, 0.0
+            )
         return T.if_then_else(i >= j, T.exp2((gc_sh[st, i] - gc_sh[st, j]) * LOG2E), 0.0)
 
     @T.macro

@@ -50,19 +50,37 @@ PHASES = (
     ("wait full", "cumsum, g_cumsum out", "gemm Q K^T, Pg -> p_sh", "gemm K K^T, L operands", "diagonal blocks",
      "level 1", "level 2, Agb", "gate vectors, arrive"),
 )
+# fast_gates (vs3): WG3's phase 1 is Q K^T with the scan and the gate vectors under it, phase 7 is empty
+PHASES_FAST_GATES = (
+    PHASES[0],
+    ("wait full", "gemm Q K^T under the scan, gate vectors", "Pg -> p_sh") + PHASES[1][3:7] + ("arrive",),
+)
 NUM_PHASES = max(len(p) for p in PHASES)
 
 
 def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial_state: bool,
-                         solve_in_kernel: bool = False, precise: bool = False, profile: bool = False):
+                         solve_in_kernel: bool = False, precise: bool = False, profile: bool = False,
+                         fast_gates: bool = False):
     """(q, k, v, g_cumsum, beta, agb, h0, cu_seqlens, o, ht) as fused_fwd_ws_program's main build; with
     solve_in_kernel, (q, k, v, g, beta, h0, cu_seqlens, o, ht, g_cumsum). precise: the in-kernel inverse's
     products in 3xTF32 (stage 1 v4's) instead of one tf32 pass (v4t's). profile (solve_in_kernel only): a
     measuring build with one more argument last, prof [num_seqs * h_v, 2, NUM_PHASES] int64, where the first
-    thread of WG1 (row 0) and of WG3 (row 1) add up the clock64 cycles of each phase of PHASES."""
+    thread of WG1 (row 0) and of WG3 (row 1) add up the clock64 cycles of each phase of PHASES.
+
+    fast_gates (solve_in_kernel only; "vs3", session 25): WG3's first phases for latency. Q K^T goes out to the
+    tensor cores first; under it, WG3 scans the chunk's gate with warp shuffles (two values a lane,
+    five shuffle rounds, where vs2 had 64 threads each sum their own prefix from shared memory: 1.4 K cycles a
+    chunk in session 16's profile) and writes g_cumsum and the gate vectors (0.5 K cycles in vs2, a pass of its
+    own); then one named barrier. Pg's gate is exp2(d m) (i >= j ? scale : 0) with m = (i >= j): its two g loads
+    no longer sit in a branch, so each thread reads its 2 row and 16 column values once (vs2: 64 loads); the
+    inverse's beta and Agb gates the same way (make_chunk_inverse's masked_loads). The
+    scan adds in another order than vs2's (fp32 rounding only); the state warpgroups are vs2's. (No explicit
+    barrier: TileLang's own, id 4 over WG3's threads, orders the scan's writes before Pg's reads; it gives id 3 to
+    the producer warp, so a hand-written T.sync_threads(3, 128) here would share an id with a 32-thread one.)"""
     C = CHUNK
     assert not precise or solve_in_kernel
     assert not profile or solve_in_kernel
+    assert not fast_gates or solve_in_kernel
     assert dk == 128 and dv == 128, "two state warpgroups of 64 rows of V, K = 128"
     vh = dv // 2
     h_v = T.dynamic("h_v")
@@ -153,7 +171,42 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
         for i, j in T.Parallel(vh, dk):
             ht[seq, bh, j, v0 + i] = s[i, j]
 
-    alloc_work, clear_constant_blocks, inv = make_chunk_inverse(dtype, precise)
+    alloc_work, clear_constant_blocks, inv = make_chunk_inverse(dtype, precise, masked_loads=fast_gates)
+
+    @T.macro
+    def warp_gates(g_sh, b_sh, gs, e1_sh, er_sh, rb_sh, gl_sh, g_cumsum, st, t0, end, bh, tw, sc):
+        """gs[st, :] = the chunk-local inclusive cumsum of g_sh[st, :] (each lane holds tokens lane and lane + 32;
+        Hillis-Steele over the lanes, five shuffle rounds, then the first half's total added to the second),
+        g_cumsum out, and the gate vectors of the stage (vs2's values). Every warp of the warpgroup (tw: the
+        thread's index in it) runs the scan, so no shuffle sits in a branch the compiler cannot prove
+        warp-uniform (it emulates those lane by lane); only the first warp writes."""
+        # sc: (4,) local; [2], [3] take each round's shuffles, stored before the lane's branch reads them
+        lane = tw % 32
+        sc[0] = g_sh[st, lane]
+        sc[1] = g_sh[st, lane + 32]
+        for r in T.unroll(5):
+            sc[2] = T.shfl_up(sc[0], 1 << r)
+            sc[3] = T.shfl_up(sc[1], 1 << r)
+            if lane >= (1 << r):
+                sc[0] = sc[0] + sc[2]
+                sc[1] = sc[1] + sc[3]
+        sc[2] = T.shfl_sync(sc[0], 31)
+        sc[1] = sc[1] + sc[2]
+        sc[3] = T.shfl_sync(sc[1], 31)  # the chunk's last cumsum
+        if tw < 32:
+            gs[st, lane] = sc[0]
+            gs[st, lane + 32] = sc[1]
+            for half in T.unroll(2):
+                if t0 + lane + half * 32 < end:
+                    g_cumsum[0, t0 + lane + half * 32, bh] = sc[half]
+                e1_sh[st, lane + half * 32] = T.exp2(sc[half] * LOG2E)
+                er_sh[st, lane + half * 32] = T.if_then_else(
+                    t0 + lane + half * 32 < end, T.exp2((sc[3] - sc[half]) * LOG2E), 0.0
+                )
+                rb_sh[st, lane + half * 32] = (b_sh[st, lane + half * 32]
+                                               - T.cast(T.cast(b_sh[st, lane + half * 32], dtype), acc))  # fmt: skip
+            if tw == 0:
+                gl_sh[st] = T.exp2(sc[3] * LOG2E)
 
 
     @T.macro
@@ -239,7 +292,8 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                 # the inverse's registers (None without it: never read then)
                 tw = T.meta_var(tx - 3 * WG)
                 col = T.alloc_local((BLK,), acc) if solve_in_kernel else T.meta_var(None)
-                part = T.alloc_local((4,), acc) if solve_in_kernel else T.meta_var(None)
+                part = T.alloc_local((4,), acc) if solve_in_kernel and not fast_gates else T.meta_var(None)
+                sc = T.alloc_local((4,), acc) if fast_gates else T.meta_var(None)  # warp_gates' scan values
                 t1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
                 u1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
                 t2 = T.alloc_fragment((HALF, HALF), acc) if solve_in_kernel else T.meta_var(None)
@@ -252,17 +306,29 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                     tick(clk, spent, 7)
                     T.barrier_wait(full[st], (c // 2) % 2)
                     tick(clk, spent, 0)
-                    if solve_in_kernel:
-                        inv["cumsum"](g_sh, gs, st, tw, part)
-                        if tw < C:  # noqa: SIM102 (Python cannot `and` two PrimExpr conditions)
-                            if t0 + tw < end:
-                                g_cumsum[0, t0 + tw, bh] = gs[st, tw]
-                    tick(clk, spent, 1)
-                    T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(C, C):
-                        p[i, j] = T.if_then_else(
-                            i >= j, p[i, j] * T.exp2((gs[st, i] - gs[st, j]) * LOG2E) * scale, 0.0
-                        )
+                    if fast_gates:
+                        # Q K^T on the tensor cores while the first warp scans the gate and writes the vectors
+                        T.wgmma_gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                        warp_gates(g_sh, b_sh, gs, e1_sh, er_sh, rb_sh, gl_sh, g_cumsum, st, t0, end, bh, tw, sc)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(p, 0, C * C // WG)
+                        # (TileLang puts WG3's named barrier here: the first warp's gs writes, every warp's reads)
+                        tick(clk, spent, 1)
+                        for i, j in T.Parallel(C, C):
+                            p[i, j] = (p[i, j] * T.exp2((gs[st, i] - gs[st, j]) * T.if_then_else(i >= j, LOG2E, 0.0))
+                                       * T.if_then_else(i >= j, scale, 0.0))  # fmt: skip
+                    else:
+                        if solve_in_kernel:
+                            inv["cumsum"](g_sh, gs, st, tw, part)
+                            if tw < C:  # noqa: SIM102 (Python cannot `and` two PrimExpr conditions)
+                                if t0 + tw < end:
+                                    g_cumsum[0, t0 + tw, bh] = gs[st, tw]
+                        tick(clk, spent, 1)
+                        T.gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(C, C):
+                            p[i, j] = T.if_then_else(
+                                i >= j, p[i, j] * T.exp2((gs[st, i] - gs[st, j]) * LOG2E) * scale, 0.0
+                            )
                     T.copy(p, p_sh[st, :, :])
                     tick(clk, spent, 2)
                     if solve_in_kernel:
@@ -275,14 +341,15 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                         tick(clk, spent, 5)
                         inv["level2"](t2, u2, b_sh, gs, st, t0, end, work, a_sh)
                         tick(clk, spent, 6)
-                    for i in T.Parallel(C):
-                        e1_sh[st, i] = T.exp2(gs[st, i] * LOG2E)
-                        er_sh[st, i] = T.if_then_else(
-                            t0 + i < end, T.exp2((gs[st, C - 1] - gs[st, i]) * LOG2E), 0.0
-                        )
-                        rb_sh[st, i] = b_sh[st, i] - T.cast(T.cast(b_sh[st, i], dtype), acc)
-                    if tx == 3 * WG:
-                        gl_sh[st] = T.exp2(gs[st, C - 1] * LOG2E)
+                    if not fast_gates:  # (fast_gates: the first warp wrote them under Q K^T)
+                        for i in T.Parallel(C):
+                            e1_sh[st, i] = T.exp2(gs[st, i] * LOG2E)
+                            er_sh[st, i] = T.if_then_else(
+                                t0 + i < end, T.exp2((gs[st, C - 1] - gs[st, i]) * LOG2E), 0.0
+                            )
+                            rb_sh[st, i] = b_sh[st, i] - T.cast(T.cast(b_sh[st, i], dtype), acc)
+                        if tx == 3 * WG:
+                            gl_sh[st] = T.exp2(gs[st, C - 1] * LOG2E)
                     T.fence_proxy_async()
                     T.barrier_arrive(aux_ready[st])
                     T.barrier_arrive(empty[st])
