@@ -200,11 +200,11 @@ def test_bwd_states_impl_from_the_environment(monkeypatch):
     from qla_kernels.gdn.bwd_api import resolve_states_impl
 
     monkeypatch.delenv("QLA_BWD_STATES", raising=False)
-    assert resolve_states_impl() == "ws5"  # the default since it passed on the H200 (session 6)
+    assert resolve_states_impl() == "ws12"  # the default since its dg errors on the H100 (session 25)
     monkeypatch.setenv("QLA_BWD_STATES", "v2")
     assert resolve_states_impl() == "v2"
-    monkeypatch.setenv("QLA_BWD_STATES", "ws12")
-    assert resolve_states_impl() == "ws12"
+    monkeypatch.setenv("QLA_BWD_STATES", "ws5")
+    assert resolve_states_impl() == "ws5"
     monkeypatch.setenv("QLA_BWD_STATES", "ws4")
     with pytest.raises(ValueError, match=r"QLA_BWD_STATES must be one of \['v2', 'ws12', 'ws5'\]"):
         resolve_states_impl()
