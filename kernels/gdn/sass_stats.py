@@ -46,8 +46,8 @@ OPCODE_CLASSES = {
 _CLASS_OF = {op: cls for cls, ops in OPCODE_CLASSES.items() for op in ops}
 CLASSES = (*OPCODE_CLASSES, "other")
 
-_LINE_MARK = re.compile(r'//## File "([^"]+)", line (\d+)')
-_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+_LINE_MARK = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 _CHUNK_LOOP = re.compile(r"for \(int (\w+) = 0; \1 < (n_chunks|n_iter)\w*;")
 
 
@@ -94,20 +94,28 @@ def chunk_loops(source: str) -> list[tuple[int, int]]:
 
 
 def line_counts(sass: str, source_name: str) -> dict[int, Counter]:
-    """Per line of the source named source_name (a basename), the classes of the instructions nvdisasm -g
-    attributes to it. Instructions under another file's line marker (inlined template code from TileLang's and
-    CUTLASS's headers) go to the last line of source_name seen before them: the call site, in code order."""
+    """Per line of the source named source_name (a basename), the classes of the instructions nvdisasm -gi
+    attributes to it. An instruction of a header inlined straight into the source goes to its call site (the
+    marker's "inlined at" line); one inlined more deeply goes to the last source line seen before it, in code
+    order. Everything after the last unpredicated EXIT goes to line 0: nvcc places out-of-line code there (the
+    mbarrier waits' slow retry paths), which runs only while a wait spins, not once a chunk."""
+    lines = sass.splitlines()
+    exits = [i for i, text in enumerate(lines)
+             if (ins := _INSTRUCTION.match(text)) and ins.group(2) == "EXIT" and not ins.group(1)]
+    tail = max(exits, default=len(lines))
     counts: dict[int, Counter] = {}
     line = 0
-    for text in sass.splitlines():
+    for i, text in enumerate(lines):
         mark = _LINE_MARK.search(text)
         if mark:
             if os.path.basename(mark.group(1)) == source_name:
                 line = int(mark.group(2))
+            elif mark.group(3) and os.path.basename(mark.group(3)) == source_name:
+                line = int(mark.group(4))
             continue
         ins = _INSTRUCTION.match(text)
         if ins:
-            counts.setdefault(line, Counter())[opcode_class(ins.group(1))] += 1
+            counts.setdefault(line if i <= tail else 0, Counter())[opcode_class(ins.group(2))] += 1
     return counts
 
 
@@ -143,14 +151,14 @@ def find_nvdisasm() -> str | None:
 
 
 def disassemble(cubin: bytes, nvdisasm: str | None = None) -> str:
-    """nvdisasm -g -c of a cubin (line info as `//## File ...` comments)."""
+    """nvdisasm -gi -c of a cubin (line info, with inlined call sites, as `//## File ...` comments)."""
     tool = nvdisasm or find_nvdisasm()
     if tool is None:
         raise RuntimeError("nvdisasm not found: install the CUDA toolkit or `pip install nvidia-cuda-nvdisasm`")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
         fh.write(cubin)
         fh.flush()
-        res = subprocess.run([tool, "-g", "-c", fh.name], capture_output=True, text=True, check=False)
+        res = subprocess.run([tool, "-gi", "-c", fh.name], capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"nvdisasm failed ({res.returncode}): {res.stderr[-2000:]}")
     return res.stdout

@@ -152,6 +152,11 @@ def test_fused_fwd_vs_solve_in_kernel_compiles(precise, fast_gates):
         assert aux.rindex("warpgroup_commit_batch", 0, scan) < scan < aux.index("wait_wgmma<0>", scan)
         # no shuffle inside a thread-index branch: the scan runs in every warp
         assert "threadIdx.x) < 416" not in aux[aux.rindex("for (int c_", 0, scan):scan]
+        # the first warp's gs writes, then WG3's named barrier (TileLang's, id 4), then Pg's reads: correctness rests
+        # on TileLang inserting it, so it is checked here
+        waited = aux.index("wait_wgmma<0>", scan)
+        assert "((float*)gs)[" in aux[scan:waited]
+        assert "__sync_thread_partial(4, 128)" in aux[waited:aux.index("exp2f", waited)]
 
 
 @pytest.mark.parametrize("fast_gates", [False, True])
