@@ -307,7 +307,7 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                     T.barrier_wait(full[st], (c // 2) % 2)
                     tick(clk, spent, 0)
                     if fast_gates:
-                        # Q K^T on the tensor cores while every warp scans the gate (the first one writes gs and the vectors)
+                        # Q K^T on the tensor cores while every warp scans the gate (the first writes gs, the vectors)
                         T.wgmma_gemm(q_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
                         warp_gates(g_sh, b_sh, gs, e1_sh, er_sh, rb_sh, gl_sh, g_cumsum, st, t0, end, bh, tw, sc)
                         T.wait_wgmma(0)
