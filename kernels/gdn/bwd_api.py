@@ -505,6 +505,15 @@ def chunk_states(qf, kf, vf, gf, bf, af, h0, plan: ChunkPlan, scale: float,
     return states
 
 
+def fused_walk_program_args(scale: float, dtype: str, prefetch: bool = False) -> tuple[tuple, dict]:
+    """bwd_chunk_grads_program's arguments for the fused walk (rev 12's math on rev 8's flags, dS' not by TMA), in
+    one place for the launcher here and for sass_stats' build of the same program."""
+    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
+    args = (HEAD_DIM, HEAD_DIM, scale, dtype, threads, False, False, tile, hoist, tma, dw_beta, gamma_frag, False, scan,
+            True)  # fmt: skip
+    return args, {"lean": True, "fused": True, "prefetch": prefetch}
+
+
 def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, scale: float, prefetch: bool):
     """The fused walk over the sequences or pieces `cu` (chunk_offsets: their first chunks' indices in states):
     slots [P,H_v,K,V] fp32 holds each piece's end gradient and leaves with its start gradient. Returns dq, dk per
@@ -517,10 +526,8 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
     dv = torch.empty_like(vf)
-    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]
-    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], threads, False, False, tile, hoist,
-                                    tma, dw_beta, gamma_frag, False, scan, True, lean=True, fused=True,
-                                    prefetch=prefetch)  # fmt: skip
+    args, kwargs = fused_walk_program_args(scale, _TL_DTYPE[qf.dtype], prefetch)
+    kernel = bwd_chunk_grads_kernel(*args, **kwargs)
     kernel(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, dq, dk, dbeta, dg, dv)
     return dq, dk, dbeta, dg, dv
 

@@ -186,12 +186,10 @@ def _ws12() -> tuple[object, dict]:
 
 def _fused_walk() -> tuple[object, dict]:
     from .bwd.chunk_grads import MERGED_PASS_CONFIGS, bwd_chunk_grads_program
-    from .bwd_api import GRADS_FLAGS
+    from .bwd_api import fused_walk_program_args
 
-    threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = GRADS_FLAGS["rev8"]  # as bwd_api._fused_walk
-    prog = bwd_chunk_grads_program(128, 128, 128**-0.5, "bfloat16", threads, False, False, tile, hoist, tma, dw_beta,
-                                   gamma_frag, False, scan, True, lean=True, fused=True)  # fmt: skip
-    return prog, MERGED_PASS_CONFIGS
+    args, kwargs = fused_walk_program_args(128**-0.5, "bfloat16")
+    return bwd_chunk_grads_program(*args, **kwargs), MERGED_PASS_CONFIGS
 
 
 # name -> (what it is, program factory)

@@ -27,7 +27,7 @@ from gpu.test_qla_fwd import CASES, TOL, case_inputs, make_inputs, rel_l2  # noq
 
 from qla_bench.reference import chunk_gated_delta_rule_ref  # noqa: E402
 from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
-from qla_kernels.gdn.api import chunk_gated_delta_rule_fwd  # noqa: E402
+from qla_kernels.gdn.api import VS_IMPLS, chunk_gated_delta_rule_fwd  # noqa: E402
 
 BV_ALL = (128, 64, 32)
 WS_IMPLS = ("ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "vs1", "vs2", "vs2p", "vs3")
@@ -47,7 +47,7 @@ LOOSER_THAN_V2 = {"ws7": 1.1, "ws8": 1.1, "ws9": 1.1, "ws10": 1.1, "ws11": 1.1, 
 def _widths(impl: str, all_widths: bool) -> tuple[int, ...]:
     if impl in ("ws7", "ws8", "ws9"):
         return (64,)  # their only width
-    if impl in ("vs1", "vs2", "vs2p", "vs3"):
+    if impl in VS_IMPLS:
         return (128,)  # one CTA holds the whole V
     return BV_ALL if all_widths else (128,)
 
