@@ -444,16 +444,21 @@ CP_COMBINE_THREADS_ENV = "QLA_CP_COMBINE_THREADS"
 CP_PIECE_ENV = "QLA_CP_PIECE"
 
 
+@functools.cache
+def _state_pass_kernel(scale: float, dt: str, block_v: int, rev: int):
+    """The state pass's launcher, memoised like the fused kernels' (it ran TileLang's lookup and per-call wrapper,
+    ~7 us of host time, on every CP call)."""
+    from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
+
+    return launcher(fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, False, False, block_v, False, rev, True))
+
+
 def state_pass_launcher(qf, kf, vf, g_cumsum, bf, a0, cpp: CPPlan, scale: float, num_sms: int, rev: int = 5):
     """CP's state pass on packed inputs (the warp-specialised kernel's state_pass build): piece cu_seqlens ->
     [h | M] [P, H_v, K, 2V] fp32. Shared by the forward and the backward's stage 0 (bwd_api). rev: the
     fused_fwd_ws revision to build (5 takes A0; 7 and 8 take stage 1's emit_agb output as a0)."""
-    from .fwd.fused_fwd_ws import fused_fwd_ws_kernel
-
     h_v = vf.shape[2]
-    bv = choose_block_v_ws(2 * cpp.num_pieces, h_v, num_sms)
-    kernel = fused_fwd_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], False, False, bv, False,
-                                 rev, True)
+    kernel = _state_pass_kernel(scale, _TL_DTYPE[qf.dtype], choose_block_v_ws(2 * cpp.num_pieces, h_v, num_sms), rev)
 
     def state_pass(cu: torch.Tensor) -> torch.Tensor:
         hm = torch.empty(cpp.num_pieces, h_v, HEAD_DIM, 2 * HEAD_DIM, dtype=torch.float32, device=qf.device)

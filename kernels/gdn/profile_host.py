@@ -113,9 +113,81 @@ def host_breakdown(h_qk: int, h_v: int, seqlens: list[int], calls: int = 300) ->
     }
 
 
+def whole_call(h_qk: int, h_v: int, seqlens: list[int], calls: int = 200) -> dict:
+    """The inference forward as the harness's qla backend runs it (need_a0=False: kkt + ws12, CP where planned):
+    host time per call, back-to-back CUDA-events time per call, and a CUDA graph's replay time per call (the
+    GPU's own time, no host). host > graph means the GPU waits for the host at this size."""
+    q, k, v, g, beta, h0, cu = _inputs(h_qk, h_v, seqlens)
+
+    def call():
+        return api.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, need_a0=False)
+
+    plan = api._plan(q, cu)
+    cpp = api._cp_plan(plan, h_v, api._num_sms(q.device), None, None)
+    out = {"host us per call": _per_call_us(call, calls)}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    out["back-to-back cuda-events us per call"] = round(start.elapsed_time(end) / calls * 1e3, 2)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    out["graph replay us per call"] = round(start.elapsed_time(end) / calls * 1e3, 2)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    return {
+        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "need_a0": False,
+                   "cp_pieces": cpp.num_pieces if cpp is not None else 0},
+        "us_per_call": out,
+        "cprofile_tottime_top25": text.getvalue(),
+    }
+
+
+def parse_configs(text: str) -> list[tuple[int, int, list[int]]]:
+    """"16/16:2048,2/8:1024x8,8/24:1000+3096" -> [(h_qk, h_v, seqlens), ...]."""
+    configs = []
+    for item in text.split(","):
+        heads, _, mix = item.strip().partition(":")
+        h_qk, _, h_v = heads.partition("/")
+        if "x" in mix:
+            length, _, count = mix.partition("x")
+            seqlens = [int(length)] * int(count)
+        else:
+            seqlens = [int(x) for x in mix.split("+")]
+        configs.append((int(h_qk), int(h_v), seqlens))
+    return configs
+
+
 def main(argv: list[str]) -> None:
+    """OUT.json [CONFIGS]: with CONFIGS (parse_configs' form), whole_call on each; without, session 5's
+    step-by-step host_breakdown on its two configs."""
     path = argv[0] if argv else "host_overhead.json"
-    results = [host_breakdown(h_qk, h_v, s) for h_qk, h_v, s in ((16, 64, [65]), (2, 8, [1024] * 8))]
+    if len(argv) > 1:
+        results = [whole_call(h_qk, h_v, s) for h_qk, h_v, s in parse_configs(argv[1])]
+    else:
+        results = [host_breakdown(h_qk, h_v, s) for h_qk, h_v, s in ((16, 64, [65]), (2, 8, [1024] * 8))]
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     for r in results:
