@@ -8,13 +8,13 @@ dtype, scale, flags) and cached on disk.
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
 
 from .checks import HEAD_DIM, check_fwd_args, check_kkt_args
 from .cp_plan import CPPlan, plan_block_v, plan_cp
+from .envvars import env_text
 from .plan import (
     BLOCK_V_CHOICES,
     CHUNK,
@@ -136,7 +136,7 @@ DEFAULT_FUSED_IMPL = "auto"
 
 def _resolve(arg: str | None, arg_name: str, env: str, default: str, choices) -> str:
     """The explicit argument, else $env (blank counts as unset), else the default; checked."""
-    name = arg if arg is not None else os.environ.get(env, "").strip() or default
+    name = arg if arg is not None else env_text(env) or default
     if name not in choices:
         src = arg_name if arg is not None else f"${env}"
         raise ValueError(f"{src} must be one of {sorted(choices)}, got {name!r}")
@@ -534,7 +534,7 @@ def _walk_order(order: torch.Tensor) -> torch.Tensor:
 
 def env_switch_on(env: str) -> bool:
     """An on-by-default switch: $env unset or "1" is on, "0" off, anything else a ValueError naming it."""
-    value = os.environ.get(env, "").strip()
+    value = env_text(env)
     if value not in ("", "0", "1"):
         raise ValueError(f"${env} must be '0' or '1' (or unset: on), got {value!r}")
     return value != "0"
@@ -542,7 +542,7 @@ def env_switch_on(env: str) -> bool:
 
 def resolve_cp_piece() -> int | None:
     """$QLA_CP_PIECE as a number of chunks, or None when unset; anything but a positive integer is refused by name."""
-    value = os.environ.get(CP_PIECE_ENV, "").strip()
+    value = env_text(CP_PIECE_ENV)
     if not value:
         return None
     if not value.isdigit() or int(value) < 1:

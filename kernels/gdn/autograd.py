@@ -9,12 +9,11 @@ per-chunk states: the backward recomputes them).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import api
 from .bwd_chunked import chunk_gated_delta_rule_bwd as torch_bwd
+from .envvars import env_text
 
 BWD_IMPL_ENV = "QLA_BWD_IMPL"
 BWD_IMPLS = ("torch", "tilelang")
@@ -24,7 +23,7 @@ def resolve_bwd_impl(device: torch.device | None = None) -> str:
     """$QLA_BWD_IMPL (blank: unset), else "tilelang" for CUDA tensors and "torch" otherwise; anything else
     is a ValueError naming the choices."""
     default = "tilelang" if device is not None and device.type == "cuda" else "torch"
-    name = os.environ.get(BWD_IMPL_ENV, "").strip() or default
+    name = env_text(BWD_IMPL_ENV) or default
     if name not in BWD_IMPLS:
         raise ValueError(f"${BWD_IMPL_ENV} must be one of {list(BWD_IMPLS)}, got {name!r}")
     return name

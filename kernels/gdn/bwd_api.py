@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -37,6 +36,7 @@ from .bwd_chunked import BwdOutput
 from .bwd_cp_plan import bwd_piece_chunks, dstate_width, fused_piece_chunks
 from .checks import HEAD_DIM, check_fwd_args
 from .cp_plan import CPPlan, plan_cp
+from .envvars import env_text
 from .plan import BLOCK_V_CHOICES, CHUNK, ChunkPlan, choose_block_v, choose_block_v_ws
 
 # Stage 1 revisions (bwd/dstate_chain.py): "rev1" masked element loads; "rev2" whole-tile loads in a
@@ -309,7 +309,7 @@ def resolve_bwd_cp() -> bool:
 def resolve_bwd_overlap() -> bool:
     """Stage 0 on a side stream, beside stage 1? $QLA_BWD_OVERLAP "1" yes, "0" no, unset DEFAULT_BWD_OVERLAP;
     anything else a ValueError naming the choices."""
-    value = os.environ.get(BWD_OVERLAP_ENV, "").strip()
+    value = env_text(BWD_OVERLAP_ENV)
     if value not in ("", "0", "1"):
         raise ValueError(f"${BWD_OVERLAP_ENV} must be '0' or '1' (or unset: {int(DEFAULT_BWD_OVERLAP)}), got {value!r}")
     return DEFAULT_BWD_OVERLAP if value == "" else value == "1"
@@ -318,7 +318,7 @@ def resolve_bwd_overlap() -> bool:
 def resolve_bwd_fused_mode() -> str:
     """$QLA_BWD_FUSED: "0" the staged backward, "1" the fused walk, "2" the fused walk with its loads prefetched;
     unset DEFAULT_BWD_FUSED; anything else a ValueError naming the choices."""
-    value = os.environ.get(BWD_FUSED_ENV, "").strip() or DEFAULT_BWD_FUSED
+    value = env_text(BWD_FUSED_ENV) or DEFAULT_BWD_FUSED
     if value not in BWD_FUSED_CHOICES:
         raise ValueError(f"${BWD_FUSED_ENV} must be one of {list(BWD_FUSED_CHOICES)} (or unset: "
                          f"{DEFAULT_BWD_FUSED!r}), got {value!r}")  # fmt: skip

@@ -83,4 +83,4 @@ def run_cp(
     hm = state_pass(cp.cu_seqlens)
     init = (combine_fn or combine)(cp, hm, h0)
     o, piece_states = fused(cp.cu_seqlens, init)
-    return o, piece_states[cp.last_piece]
+    return o, cp.final_states(piece_states)

@@ -35,7 +35,7 @@ import itertools
 import math
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -96,6 +96,15 @@ class CPHeuristics:
     @property
     def block_vs(self) -> tuple[int, ...]:
         return tuple(bv for bv, _ in self.fused_step_us)
+
+    def __hash__(self) -> int:
+        """The fields' hash, computed once: the plan caches' keys hold the heuristics, so every forward call
+        hashes them (twice; ~1 us each with the generated per-field hash)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     def piece_candidates(self, max_chunks: int) -> list[int]:
         """Powers of two from min_piece_chunks up to (not including) the longest sequence."""
@@ -303,6 +312,14 @@ class CPPlan:
     @property
     def enabled(self) -> bool:
         return self.decision.piece_chunks is not None
+
+    def final_states(self, piece_states: torch.Tensor) -> torch.Tensor:
+        """The sequences' final states [N, ...] from every piece's end state [P, ...]: each sequence's last
+        piece. One sequence: a view of the last row (no launch, no allocation: a gather costs ~10 us of host
+        time, and the small CP configs are host-bound); it shares piece_states' storage."""
+        if self.num_seqs == 1:
+            return piece_states[self.num_pieces - 1 :]
+        return piece_states.index_select(0, self.last_piece)
 
 
 def build_cp_plan(cu: list[int] | tuple[int, ...], decision: CPDecision, device: torch.device | str) -> CPPlan:

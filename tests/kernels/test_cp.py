@@ -226,3 +226,13 @@ def test_forced_piece_from_the_environment(monkeypatch):
         monkeypatch.setenv("QLA_CP_PIECE", bad)
         with pytest.raises(ValueError, match=r"\$QLA_CP_PIECE must be a positive number of 64-token chunks"):
             resolve_cp_piece()
+
+
+@pytest.mark.parametrize("cu", [[0, 64 * 7 + 5], [0, 64 * 5, 64 * 6, 64 * 9 + 3]])
+def test_final_states_are_each_sequences_last_piece(cu):
+    cp = build_cp_plan(cu, CPDecision(2, 64, 0.0, 0.0), "cpu")
+    piece_states = torch.randn(cp.num_pieces, 2, 3, 3)
+    final = cp.final_states(piece_states)
+    assert torch.equal(final, piece_states[cp.last_piece])
+    if cp.num_seqs == 1:  # a view: no launch, no allocation
+        assert final.data_ptr() == piece_states[cp.num_pieces - 1].data_ptr()

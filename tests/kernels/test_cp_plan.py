@@ -282,3 +282,11 @@ def test_skipping_by_lower_bounds_changes_no_decision():
         d = choose_cp(_chunks(lens), h_v, 132)
         t, piece, bv = _full_search(_chunks(lens), h_v)
         assert (d.piece_chunks, d.block_v) == (piece, bv) and d.predicted_us == pytest.approx(t), (lens, h_v)
+
+
+def test_heuristics_hash_is_cached_and_agrees_with_equality():
+    a, b = CPHeuristics(), CPHeuristics()
+    assert hash(a) == hash(a) == hash(b) and a == b
+    c = CPHeuristics(margin=0.2)
+    assert c != a and {a: 1}.get(c) is None and {a: 1}[b] == 1
+    assert "_hash" not in repr(a)

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from qla_kernels.gdn.profile_host import parse_configs  # noqa: E402
+from qla_kernels.gdn.profile_host import parse_configs
 
 
 def test_parse_configs_reads_lengths_repeats_and_mixes():
