@@ -1,4 +1,5 @@
-"""report.md: provenance, statuses, latencies, speedups, numerics, roofline, health, and FlashQLA anchors.
+"""report.md: provenance, statuses, latencies, speedups, numerics, roofline, health, host-bound rows, and FlashQLA
+anchors.
 
 Everything is computed from rows (and the parsed anchors file), so a report can be rebuilt on any
 machine from committed results.
@@ -28,6 +29,7 @@ from .grid import (
     latency_cell,
     ratio,
 )
+from .host_bound import HOST_BOUND_RATIO, host_bound_rows
 from .provenance import env_line, merged_env_flags, merged_versions, timer_summary, versions_line
 
 STATUS_ORDER = [s.value for s in Status]
@@ -303,6 +305,36 @@ def throttle_section(rows: Sequence[Row]) -> list[str]:
     return [*out, *md_table(["backend", "config", "timer", "median", "health (before/after)"], body, "lllrl"), ""]
 
 
+def host_bound_section(rows: Sequence[Row], threshold: float = HOST_BOUND_RATIO) -> list[str]:
+    flagged, pairs = host_bound_rows(rows, threshold)
+    out = ["## Host-bound rows", ""]
+    if not pairs:
+        return [*out, "No config was timed with both cuda-events and cuda-graph at one commit.", ""]
+    if not flagged:
+        return [*out, f"None of the {pairs} configs timed with both timers at one commit reads >= {threshold:g}x "
+                      "slower under cuda-events than under cuda-graph.", ""]  # fmt: skip
+    out += [
+        f"**{len(flagged)} of {pairs}** configs timed with both timers at one commit read >= {threshold:g}x slower "
+        "under cuda-events than under cuda-graph: the GPU waited for the host's Python path, so their events "
+        "latency is host time (it moves between processes), not kernel time.",
+        "",
+    ]
+    body = [
+        [
+            display_name(p.events.backend),
+            _config_text(p.events),
+            p.events.git_sha or "-",
+            format_ms(p.events.median_ms),
+            f"{format_ms(p.events.q1_ms)} - {format_ms(p.events.q3_ms)}" if p.events.q1_ms and p.events.q3_ms else "-",
+            format_ms(p.graph.median_ms),
+            f"{p.ratio:.2f}x",
+        ]
+        for p in flagged
+    ]
+    header = ["backend", "config", "commit", "events", "events q1 - q3", "graph", "events / graph"]
+    return [*out, *_details(f"{len(flagged)} rows", md_table(header, body, "lllrrrr"), limit=20)]
+
+
 def _ratio_cells(c) -> list[str]:
     """The leading cells of a compared-ratio row: mode, timer, config and which ratio."""
     return [
@@ -432,5 +464,6 @@ def render_markdown(
     out += numerics_section(rows)
     out += roofline_section(rows)
     out += throttle_section(rows)
+    out += host_bound_section(rows)
     out += anchors_section(rows, anchors, threshold)
     return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,42 @@
+"""Host-bound rows: events well above graph for one config at one commit, never across commits."""
+
+from qla_bench.report.host_bound import host_bound_rows
+from qla_bench.report.markdown import render_markdown
+
+
+def _pair(row, mix, events_ms, graph_ms, *, sha="0123abc", backend="qla"):
+    return [
+        row(backend, mix, events_ms, timer="cuda-events", git_sha=sha, q1_ms=events_ms * 0.9, q3_ms=events_ms * 1.2),
+        row(backend, mix, graph_ms, timer="cuda-graph", git_sha=sha),
+    ]
+
+
+def test_flags_pairs_at_or_above_the_ratio_worst_first(row):
+    rows = _pair(row, (2048,), 0.120, 0.070) + _pair(row, (1024,) * 8, 0.066, 0.064) + _pair(row, (8192,), 0.30, 0.25)
+    flagged, pairs = host_bound_rows(rows)
+    assert pairs == 3
+    assert [p.events.label for p in flagged] == ["1x2048", "1x8192"]
+    assert abs(flagged[0].ratio - 0.120 / 0.070) < 1e-12
+
+
+def test_rows_of_different_commits_or_backends_are_not_paired(row):
+    rows = [
+        row("qla", (2048,), 0.120, timer="cuda-events", git_sha="aaa"),
+        row("qla", (2048,), 0.070, timer="cuda-graph", git_sha="bbb"),
+        row("fla", (2048,), 0.070, timer="cuda-graph", git_sha="aaa"),
+    ]
+    assert host_bound_rows(rows) == ([], 0)
+
+
+def test_the_latest_row_of_each_timer_counts(row):
+    old = row("qla", (2048,), 0.200, timer="cuda-events", timestamp="2026-12-01T00:00:00")
+    new = row("qla", (2048,), 0.075, timer="cuda-events", timestamp="2026-12-02T00:00:00")
+    graph = row("qla", (2048,), 0.070, timer="cuda-graph", timestamp="2026-12-01T00:00:00")
+    assert host_bound_rows([new, old, graph]) == ([], 1)
+
+
+def test_report_lists_them_and_says_when_there_is_nothing_to_pair(row, rows):
+    text = render_markdown(rows + _pair(row, (2048,), 0.120, 0.070, backend="flashqla"))
+    section = text.split("## Host-bound rows")[1].split("\n## ")[0]
+    assert "**1 of 1**" in section and "1.71x" in section and "0.108" in section
+    assert "No config was timed with both" in render_markdown(rows)
