@@ -33,6 +33,18 @@ ab() {
   cat /tmp/$name/*.jsonl > "$dest/$name.jsonl" 2>/dev/null
 }
 
+# Session 26 (S26_V10=1): kkt v10, the forward-only stage 1 with the gate inside L and fp16 whole-tile doublings
+# (compiled on the CPU, never run): Agb against float64 and v4t's, the inference forward with it against float64,
+# stage 1 and forward timings against v4t, then the harness's rows on the many-head configs FlashInfer leads, v4t
+# first, v10 second. Cache: `--only "kkt v10 agb"`, `--only "kkt v4t agb"`, `--only "ws rev9"`, `--only "cp combine"`.
+if [ -n "${S26_V10:-}" ]; then
+  step v10-check 200 tests/gpu/test_qla_kkt_v10.py -k "not time"
+  step v10-timing 150 tests/gpu/test_qla_kkt_v10.py -k time
+  ab v10-base-rows 100 "${V10_HEADS:-16/64,8/32}"
+  ab v10-rows 100 "${V10_HEADS:-16/64,8/32}" QLA_KKT_IMPL=v10
+  exit 0
+fi
+
 # Session 25 (S25_VS3=1): vs3, the one-kernel forward's auxiliary warpgroup with its gate scan by warp shuffles under
 # Q K^T (fused_fwd_vs's fast_gates; compiled on the CPU, never run): its float64 cases (bf16, fp16, GVA 1-4, T = 1,
 # T = 65, ragged, an initial state), then the profile build beside vs2's on the same inputs (WG3's phases: did the

@@ -44,6 +44,8 @@ def variants() -> list[tuple[str, str, tuple]]:
     for dt in ("bfloat16", "float16"):  # stage 1 for ws10-ws12 (api._kkt_kernel with emit_agb)
         out.append((f"kkt v4 agb {dt}", "kkt_solve_v3_kernel", (HEAD_DIM, dt, *agb_kkt_args("v4"))))
     out.append(("kkt v4t agb bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *agb_kkt_args("v4t"))))
+    for dt in ("bfloat16", "float16"):  # api.AGB_ONLY_KKT_IMPLS (session 26)
+        out.append((f"kkt v10 agb {dt}", "kkt_solve_v10_kernel", (HEAD_DIM, dt)))
     for rev in (4, 5, 6, 7, 8, 9):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):
@@ -187,10 +189,11 @@ def factory(name: str):
         kkt_solve_v7,
         kkt_solve_v8,
         kkt_solve_v9,
+        kkt_solve_v10,
     )
 
-    modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, fused_fwd_ws, fused_fwd_ws7,
-               fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, chunk_grads_ws, dvl_wk,
+    modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, kkt_solve_v10, fused_fwd_ws,
+               fused_fwd_ws7, fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, chunk_grads_ws, dvl_wk,
                group_sum, agb)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):

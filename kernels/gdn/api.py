@@ -79,6 +79,10 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
 }
 # the stage-1 implementations that can write emit_agb's output (the v3 family with the lean scatter of L)
 AGB_KKT_IMPLS = ("v3s", "v4", "v4t", "v5")
+# stage-1 kernels that write only emit_agb's output, no A0 (so only for a forward-only AGB fused kernel): "v10"
+# (fwd/kkt_solve_v10.py, session 26; compiled, not yet run): the gate and beta's rows inside L before the inverse,
+# L in fp16, 8 x 8 diagonal blocks, doublings as whole-tile fp16 products on wgmma, 25 KiB and 60 registers
+AGB_ONLY_KKT_IMPLS = ("v10",)
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"
 # Stage 1 where it writes Agb for a forward-only AGB fused kernel (ws12, no A0 kept for a backward): v4t.
@@ -147,7 +151,7 @@ def resolve_kkt_impl(impl: str | None = None, emit_agb: bool = False) -> str:
     """The kkt_solve implementation to launch: the argument, else $QLA_KKT_IMPL, else DEFAULT_KKT_IMPL
     (DEFAULT_AGB_KKT_IMPL when stage 1 writes Agb for a forward-only fused kernel)."""
     default = DEFAULT_AGB_KKT_IMPL if emit_agb else DEFAULT_KKT_IMPL
-    return _resolve(impl, "kkt_impl", KKT_IMPL_ENV, default, KKT_IMPLS)
+    return _resolve(impl, "kkt_impl", KKT_IMPL_ENV, default, (*KKT_IMPLS, *AGB_ONLY_KKT_IMPLS))
 
 
 def resolve_fused_impl(impl: str | None = None) -> str:
@@ -219,7 +223,15 @@ def agb_kkt_args(impl: str) -> tuple:
 @functools.cache
 def _kkt_kernel(impl: str, dt: str, emit_agb: bool = False):
     """The launcher of a kkt_solve kernel, memoised. emit_agb (agb_kkt_args) writes Gamma o A0 diag(beta)
-    instead of A0, for the AGB_IMPLS fused kernels."""
+    instead of A0, for the AGB_IMPLS fused kernels; AGB_ONLY_KKT_IMPLS write nothing else."""
+    if impl in AGB_ONLY_KKT_IMPLS:
+        if not emit_agb:
+            raise ValueError(f"kkt_impl {impl!r} writes only Agb, for the forward-only fused kernels "
+                             f"({list(AGB_IMPLS)} with need_a0=False); this call needs A0: choose one of "
+                             f"{sorted(KKT_IMPLS)}")  # fmt: skip
+        from .fwd.kkt_solve_v10 import kkt_solve_v10_kernel
+
+        return launcher(kkt_solve_v10_kernel(HEAD_DIM, dt))
     version, extra = KKT_IMPLS[impl]
     if emit_agb:
         args = agb_kkt_args(impl)

@@ -201,6 +201,22 @@ def test_kkt_solve_v3_hoisted_compiles():
     assert rep.registers <= 65536 // (128 * 6), rep.line()
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_kkt_solve_v10_compiles(dtype):
+    # the forward-only stage 1 with fp16 whole-tile doublings: eight CTAs an SM by registers and shared memory
+    # (v4t: six), six fp16 wgmma products after K K^T, and no per-iteration barrier in its store loops
+    from qla_kernels.gdn.fwd.kkt_solve_v10 import PASS_CONFIGS, kkt_solve_v10_program
+
+    rep = build_sm90a(kkt_solve_v10_program(128, dtype), PASS_CONFIGS)
+    assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
+    assert rep.registers <= 64, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= 27 * 1024, rep.line()
+    fp16_products = 6 + (dtype == "float16")  # K K^T too when K is fp16
+    assert rep.source.count("wgmma_ss<tl::DataType::kFloat16, tl::DataType::kFloat16") == fp16_products, rep.line()
+    assert rep.source.count("__syncthreads()") <= 24, rep.line()
+    assert "exp2" in rep.source, "the gate goes into L before the inverse"
+
+
 @pytest.mark.parametrize(("impl", "dtype"), [("v4", "bfloat16"), ("v4", "float16"), ("v4t", "bfloat16")])
 def test_kkt_solve_v4_emit_ab_compiles(impl, dtype):
     # ws10-ws12's stage 1: v4 (v4t: one tf32 product per block product) writing Gamma o A0 diag(beta) in A0's

@@ -90,3 +90,17 @@ def test_emit_ab_needs_a_lean_scatter_v3_kkt():
             _kkt_kernel(impl, "bfloat16", True)
     assert set(AGB_IMPLS) <= set(FUSED_IMPLS) and A0_FALLBACK_IMPL in FUSED_IMPLS
     assert A0_FALLBACK_IMPL not in AGB_IMPLS  # the autograd forward must get an A0
+
+
+def test_agb_only_kkt_is_accepted_by_name_and_refused_where_a0_is_needed(monkeypatch):
+    """kkt v10 writes Agb only: the switch accepts it, and a launch that needs A0 says why before building."""
+    from qla_kernels.gdn.api import AGB_ONLY_KKT_IMPLS, _kkt_kernel
+
+    assert "v10" in AGB_ONLY_KKT_IMPLS and not set(AGB_ONLY_KKT_IMPLS) & set(KKT_IMPLS)
+    monkeypatch.setenv("QLA_KKT_IMPL", "v10")
+    assert resolve_kkt_impl() == resolve_kkt_impl(emit_agb=True) == "v10"
+    with pytest.raises(ValueError, match=r"'v10' writes only Agb.*needs A0"):
+        _kkt_kernel("v10", "bfloat16", False)
+    monkeypatch.setenv("QLA_KKT_IMPL", "v11")
+    with pytest.raises(ValueError, match=r"QLA_KKT_IMPL must be one of .*'v10'"):
+        resolve_kkt_impl()

@@ -1,0 +1,161 @@
+"""Stage 1 for the forward-only path, v10: the gated inverse with the gate inside, fp16 doublings on whole tiles.
+
+    Agb = Gamma o (I + StrictLower(diag(beta) K K^T))^-1 diag(beta) = (I + L')^-1 diag(beta),
+    L'  = StrictLower(diag(beta) (Gamma o K K^T))
+
+(Gamma o M = E M E^-1 with E = diag(e^g), so gating before the inverse is exact algebra; FlashInfer's auxiliary
+warpgroup and FLA gate first too.) Same contract as kkt_solve_v3's emit_agb builds (v4t: the forward's stage 1
+for ws12): (k, g, beta, cu_seqlens, chunk_indices) -> (g_cumsum, Agb in the input dtype), one CTA per (chunk,
+value head), 128 threads. No A0 comes out, so no backward can use it.
+
+v4t takes ~17 K cycles a CTA (session 7's profile of v4: 14 barrier phases, most of them staging 16 x 16 and
+32 x 32 operand blocks through fp32 shared buffers for tf32 products). v10 keeps every operand as one 64 x 64 fp16
+tile in shared memory and doubles the inverse with whole-tile products on the tensor cores, masking instead of
+staging (rounding_study_inverse.inverse_fp16_full is this algorithm, checked against float64):
+
+    L' -> l_sh (fp16), X = 0                        K K^T's epilogue: gate, beta's rows, strict-lower mask
+    X_b = (I + L'_bb)^-1, 8 x 8 diagonal blocks      forward substitution in fp32, one thread per column (8 steps)
+    for s in 8, 16, 32:                              X holds the level's block-diagonal inverse
+        P = -(X L') on the partner blocks -> p_sh   (row in the second half of a 2s block, column in its first)
+        X = X + P X                                  (P X = -D C A = X21 on the partner blocks, 0 elsewhere)
+    Agb = X diag(beta) -> the output dtype
+
+Three levels of two 64 x 64 x 64 fp16 products (wgmma, fp32 sums), ~20 CTA barriers, no operand staging; the sm_90a
+build takes 60 registers and 25 KiB of shared memory, so eight CTAs fit an SM (v4t: 80 and 34.5 KiB, six).
+The products do ~8x the needed multiply-adds (whole tiles, mostly zeros), ~0.8 K cycles of tensor time a CTA.
+Numerics (float64 emulation, rounding_study_inverse, 8 seeds x 6 input kinds): Agb's error is set by its final
+rounding, as v4t's; with correlated keys and g = 0 heads the walk's o error is 1.02x an fp32 inverse's where v4t's
+is 1.08x.
+
+Measured: not yet (compiled for sm_90a on the CPU only; see NOTES.md, session 26).
+"""
+
+import tilelang
+import tilelang.language as T
+
+CHUNK = 64
+BLK = 8
+LOG2E = 1.4426950408889634
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+
+
+def _partner(i, j, size: int):
+    """(i, j) is where the doubling from blocks of `size` to 2 size writes X21."""
+    return T.And(T.And(i // (2 * size) == j // (2 * size), (i // size) % 2 == 1), (j // size) % 2 == 0)
+
+
+def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4):
+    """TileLang program: (k, g, beta, cu_seqlens, chunk_indices) -> (g_cumsum, Agb). Varlen layout (B = 1); head
+    counts are runtime values. min_blocks_per_sm caps registers so that many CTAs fit an SM (shared memory allows
+    ~6)."""
+    C = CHUNK
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_seqs_p1")
+    nc = T.dynamic("num_chunks")
+    acc = "float32"
+    half = "float16"
+
+    @T.macro
+    def doubling(x_sh, l_sh, p_sh, prod, size):
+        """X (the block-diagonal inverse at blocks of `size`) -> at blocks of 2 size."""
+        T.gemm(x_sh, l_sh, prod, clear_accum=True)  # X L': its partner blocks are D C
+        for i, j in T.Parallel(C, C):
+            p_sh[i, j] = T.cast(T.if_then_else(_partner(i, j, size), -prod[i, j], 0.0), half)
+        # X + P X: P X is -D C A on the partner blocks and exactly 0 elsewhere (P is 0 off them, X off its blocks),
+        # so the whole tile is written back unconditionally (a select that reads x_sh made TileLang put a barrier
+        # in every iteration of the store loop)
+        for i, j in T.Parallel(C, C):
+            prod[i, j] = T.cast(x_sh[i, j], acc)
+        T.gemm(p_sh, x_sh, prod)
+        for i, j in T.Parallel(C, C):
+            x_sh[i, j] = T.cast(prod[i, j], half)
+
+    @T.prim_func
+    def kkt_solve_v10(
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        g: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_indices: T.Tensor((nc, 2), "int32"),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        agb: T.Tensor((1, nt, h_v, C), dtype),
+    ):
+        with T.Kernel(nc * h_v, threads=128) as (bid,):
+            if min_blocks_per_sm > 0:
+                T.annotate_min_blocks_per_sm(min_blocks_per_sm)
+            bh = T.alloc_var("int32", init=bid % h_v)
+            bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
+            start = T.alloc_var(
+                "int32", init=cu_seqlens[chunk_indices[bid // h_v, 0]] + chunk_indices[bid // h_v, 1] * C
+            )
+            end = T.alloc_var("int32", init=cu_seqlens[chunk_indices[bid // h_v, 0] + 1])
+
+            k_sh = T.alloc_shared((C, dk), dtype)
+            b_sh = T.alloc_shared((C,), acc)
+            gc_sh = T.alloc_shared((C,), acc)
+            l_sh = T.alloc_shared((C, C), half)
+            x_sh = T.alloc_shared((C, C), half)
+            p_sh = T.alloc_shared((C, C), half)
+            out_sh = T.alloc_shared((C, C), dtype)
+            kk = T.alloc_fragment((C, C), acc)
+            prod = T.alloc_fragment((C, C), acc)
+            col = T.alloc_local((BLK,), acc)
+            k_ready = T.alloc_barrier(arrive_count=32)
+
+            # K by TMA (rows past the sequence end belong to the next sequence or are zero-filled: beta = 0 there
+            # zeroes their rows of L', and their columns only meet rows past the end), g and beta meanwhile
+            if T.get_thread_binding() < 32:
+                T.tma_copy(k[0, start : start + C, bhg, 0:dk], k_sh, barrier=k_ready)
+                T.barrier_arrive(k_ready)
+            for i in T.Parallel(C):
+                b_sh[i] = T.if_then_else(start + i < end, beta[0, T.min(start + i, end - 1), bh], 0.0)
+                gc_sh[i] = T.if_then_else(start + i < end, g[0, T.min(start + i, end - 1), bh], 0.0)
+            T.barrier_wait(k_ready, 0)
+            T.cumsum(src=gc_sh, dim=0)
+            T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
+
+            # L' = StrictLower(diag(beta) (Gamma o K K^T)) in fp16 (the gate's exponent is <= 0 below the diagonal;
+            # above it the select discards whatever it is); X = 0
+            for i, j in T.Parallel(C, C):
+                l_sh[i, j] = T.cast(
+                    T.if_then_else(i > j, kk[i, j] * b_sh[i] * T.exp2((gc_sh[i] - gc_sh[j]) * LOG2E), 0.0), half
+                )
+                x_sh[i, j] = T.cast(0.0, half)
+
+            # the 8 x 8 diagonal blocks of (I + L')^-1: thread (block b, column c) substitutes down its column
+            tx = T.get_thread_binding()
+            if tx < C:
+                blk = tx // BLK
+                c = tx % BLK
+                for i in T.unroll(BLK):
+                    col[i] = T.if_then_else(c == i, 1.0, 0.0)
+                    for j in T.unroll(i):
+                        col[i] = col[i] - T.cast(l_sh[blk * BLK + i, blk * BLK + j], acc) * col[j]
+                for i in T.unroll(BLK):
+                    x_sh[blk * BLK + i, blk * BLK + c] = T.cast(col[i], half)
+
+            # doublings 8 -> 16 -> 32 -> 64 on whole tiles
+            doubling(x_sh, l_sh, p_sh, prod, BLK)
+            doubling(x_sh, l_sh, p_sh, prod, 2 * BLK)
+            doubling(x_sh, l_sh, p_sh, prod, 4 * BLK)
+
+            # Agb = X diag(beta) (beta is 0 past the end: those columns are 0); rows past the end are not stored
+            for i, j in T.Parallel(C, C):
+                out_sh[i, j] = T.cast(T.cast(x_sh[i, j], acc) * b_sh[j], dtype)
+            if start + C <= end:
+                T.copy(out_sh, agb[0, start : start + C, bh, 0:C])
+            else:
+                for i, j in T.Parallel(C, C):
+                    if start + i < end:
+                        agb[0, start + i, bh, j] = out_sh[i, j]
+            for i in T.Parallel(C):
+                if start + i < end:
+                    g_cumsum[0, start + i, bh] = gc_sh[i]
+
+    return kkt_solve_v10
+
+
+kkt_solve_v10_kernel = tilelang.jit(kkt_solve_v10_program, pass_configs=PASS_CONFIGS)
