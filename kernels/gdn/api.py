@@ -80,8 +80,9 @@ KKT_IMPLS: dict[str, tuple[str, tuple]] = {
 # the stage-1 implementations that can write emit_agb's output (the v3 family with the lean scatter of L)
 AGB_KKT_IMPLS = ("v3s", "v4", "v4t", "v5")
 # stage-1 kernels that write only emit_agb's output, no A0 (so only for a forward-only AGB fused kernel): "v10"
-# (fwd/kkt_solve_v10.py, session 26; compiled, not yet run): the gate and beta's rows inside L before the inverse,
-# L in fp16, 8 x 8 diagonal blocks, doublings as whole-tile fp16 products on wgmma, 25 KiB and 60 registers
+# (fwd/kkt_solve_v10.py, session 26; its program checked on the CPU, not yet run on a GPU): the gate and beta's rows
+# inside L before the inverse, L in fp16, 8 x 8 diagonal blocks, doublings as whole-tile fp16 products on wgmma,
+# 25 KiB and 60 registers
 AGB_ONLY_KKT_IMPLS = ("v10",)
 KKT_IMPL_ENV = "QLA_KKT_IMPL"
 DEFAULT_KKT_IMPL = "v4"

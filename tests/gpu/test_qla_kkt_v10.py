@@ -11,9 +11,11 @@
     source .ci/gpu-host-setup.sh; python -m pytest tests/gpu/test_qla_kkt_v10.py -q -s -rfE
 """
 
+import importlib.util
 import itertools
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,12 +25,25 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from test_qla_kkt_v3 import CASES, TIMING, TOL, _median_ms, case_inputs, exact_stage1, make_inputs, rel_l2  # noqa: E402
-
 from qla_bench.reference import chunk_gated_delta_rule_ref  # noqa: E402
 from qla_bench.timing import L2Flusher  # noqa: E402
 from qla_kernels.gdn import api  # noqa: E402
 
+
+def _sibling(name: str):
+    """A test module of this folder as a plain module, for its helpers (pytest runs with --import-mode=importlib,
+    so test modules do not import each other by name)."""
+    spec = importlib.util.spec_from_file_location(f"_helpers_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_v3 = _sibling("test_qla_kkt_v3")  # its cases, inputs, float64 stage 1 and timing helpers
+CASES, TIMING, TOL = _v3.CASES, _v3.TIMING, _v3.TOL
+case_inputs, exact_stage1, make_inputs, rel_l2, _median_ms = (
+    _v3.case_inputs, _v3.exact_stage1, _v3.make_inputs, _v3.rel_l2, _v3._median_ms
+)
 IMPLS = ("v4t", "v10")
 
 

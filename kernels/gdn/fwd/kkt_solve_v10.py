@@ -27,7 +27,9 @@ Numerics (float64 emulation, rounding_study_inverse, 8 seeds x 6 input kinds): A
 rounding, as v4t's; with correlated keys and g = 0 heads the walk's o error is 1.02x an fp32 inverse's where v4t's
 is 1.08x.
 
-Measured: not yet (compiled for sm_90a on the CPU only; see NOTES.md, session 26).
+Checked: the program itself on TileLang's C backend (cpu_debug, fp32, products as loops) against float64 on
+ragged, T = 1, T = 65, GVA 1-4 and strong-decay cases (tests/kernels/test_kkt_v10_cpu.py); compiled for sm_90a.
+Not yet run on a GPU (NOTES.md, session 26).
 """
 
 import tilelang
@@ -45,10 +47,15 @@ def _partner(i, j, size: int):
     return T.And(T.And(i // (2 * size) == j // (2 * size), (i // size) % 2 == 1), (j // size) % 2 == 0)
 
 
-def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4):
+def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_debug: bool = False):
     """TileLang program: (k, g, beta, cu_seqlens, chunk_indices) -> (g_cumsum, Agb). Varlen layout (B = 1); head
-    counts are runtime values. min_blocks_per_sm caps registers so that many CTAs fit an SM (shared memory allows
-    ~6)."""
+    counts are runtime values. min_blocks_per_sm caps registers so that many CTAs fit an SM.
+
+    cpu_debug=True builds the same program for TileLang's C backend (fp32 in and out, dtype "float32"): the
+    products become loops, the TMA load a plain copy, the cumsum and the substitution serial loops, and the fp16
+    tiles fp32 (the C backend has no half type), so everything but the GPU-only pieces and the fp16 roundings
+    (grid decode, GVA heads, the gate and masks of L', the partner masks of every level, the tails) runs on a CPU
+    against float64 (tests/kernels/test_kkt_v10_cpu.py)."""
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -56,12 +63,32 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4):
     ns = T.dynamic("num_seqs_p1")
     nc = T.dynamic("num_chunks")
     acc = "float32"
-    half = "float16"
+    half = acc if cpu_debug else "float16"
+
+    def alloc_acc(shape):
+        return T.alloc_shared(shape, acc, scope="shared") if cpu_debug else T.alloc_fragment(shape, acc)
+
+    def alloc_sh(shape, dt):
+        # the C backend wants static shared memory (one dynamic allocation only)
+        return T.alloc_shared(shape, dt, scope="shared") if cpu_debug else T.alloc_shared(shape, dt)
+
+    @T.macro
+    def gemm(a, b, out, clear, transpose_b=False):
+        """out (+)= a b (a b^T): wgmma on the GPU, fp32 loops in cpu_debug builds."""
+        if cpu_debug:
+            for i, j in T.Parallel(a.shape[0], a.shape[0]):
+                if clear:
+                    out[i, j] = 0.0
+                for r in T.serial(a.shape[1]):
+                    bv = b[j, r] if transpose_b else b[r, j]
+                    out[i, j] = out[i, j] + T.cast(a[i, r], acc) * T.cast(bv, acc)
+        else:
+            T.gemm(a, b, out, transpose_B=transpose_b, clear_accum=clear)
 
     @T.macro
     def doubling(x_sh, l_sh, p_sh, prod, size):
         """X (the block-diagonal inverse at blocks of `size`) -> at blocks of 2 size."""
-        T.gemm(x_sh, l_sh, prod, clear_accum=True)  # X L': its partner blocks are D C
+        gemm(x_sh, l_sh, prod, True)  # X L': its partner blocks are D C
         for i, j in T.Parallel(C, C):
             p_sh[i, j] = T.cast(T.if_then_else(_partner(i, j, size), -prod[i, j], 0.0), half)
         # X + P X: P X is -D C A on the partner blocks and exactly 0 elsewhere (P is 0 off them, X off its blocks),
@@ -69,7 +96,7 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4):
         # in every iteration of the store loop)
         for i, j in T.Parallel(C, C):
             prod[i, j] = T.cast(x_sh[i, j], acc)
-        T.gemm(p_sh, x_sh, prod)
+        gemm(p_sh, x_sh, prod, False)
         for i, j in T.Parallel(C, C):
             x_sh[i, j] = T.cast(prod[i, j], half)
 
@@ -84,7 +111,7 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4):
         agb: T.Tensor((1, nt, h_v, C), dtype),
     ):
         with T.Kernel(nc * h_v, threads=128) as (bid,):
-            if min_blocks_per_sm > 0:
+            if min_blocks_per_sm > 0 and not cpu_debug:
                 T.annotate_min_blocks_per_sm(min_blocks_per_sm)
             bh = T.alloc_var("int32", init=bid % h_v)
             bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
@@ -93,29 +120,36 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4):
             )
             end = T.alloc_var("int32", init=cu_seqlens[chunk_indices[bid // h_v, 0] + 1])
 
-            k_sh = T.alloc_shared((C, dk), dtype)
-            b_sh = T.alloc_shared((C,), acc)
-            gc_sh = T.alloc_shared((C,), acc)
-            l_sh = T.alloc_shared((C, C), half)
-            x_sh = T.alloc_shared((C, C), half)
-            p_sh = T.alloc_shared((C, C), half)
-            out_sh = T.alloc_shared((C, C), dtype)
-            kk = T.alloc_fragment((C, C), acc)
-            prod = T.alloc_fragment((C, C), acc)
-            col = T.alloc_local((BLK,), acc)
-            k_ready = T.alloc_barrier(arrive_count=32)
+            k_sh = alloc_sh((C, dk), dtype)
+            b_sh = alloc_sh((C,), acc)
+            gc_sh = alloc_sh((C,), acc)
+            l_sh = alloc_sh((C, C), half)
+            x_sh = alloc_sh((C, C), half)
+            p_sh = alloc_sh((C, C), half)
+            out_sh = alloc_sh((C, C), dtype)
+            kk = alloc_acc((C, C))
+            prod = alloc_acc((C, C))
 
             # K by TMA (rows past the sequence end belong to the next sequence or are zero-filled: beta = 0 there
             # zeroes their rows of L', and their columns only meet rows past the end), g and beta meanwhile
-            if T.get_thread_binding() < 32:
-                T.tma_copy(k[0, start : start + C, bhg, 0:dk], k_sh, barrier=k_ready)
-                T.barrier_arrive(k_ready)
+            if cpu_debug:
+                for i, d in T.Parallel(C, dk):
+                    k_sh[i, d] = T.if_then_else(start + i < nt, k[0, T.min(start + i, nt - 1), bhg, d], 0.0)
+            else:
+                k_ready = T.alloc_barrier(arrive_count=32)
+                if T.get_thread_binding() < 32:
+                    T.tma_copy(k[0, start : start + C, bhg, 0:dk], k_sh, barrier=k_ready)
+                    T.barrier_arrive(k_ready)
             for i in T.Parallel(C):
                 b_sh[i] = T.if_then_else(start + i < end, beta[0, T.min(start + i, end - 1), bh], 0.0)
                 gc_sh[i] = T.if_then_else(start + i < end, g[0, T.min(start + i, end - 1), bh], 0.0)
-            T.barrier_wait(k_ready, 0)
-            T.cumsum(src=gc_sh, dim=0)
-            T.gemm(k_sh, k_sh, kk, transpose_B=True, clear_accum=True)
+            if cpu_debug:
+                for i in T.serial(C - 1):
+                    gc_sh[i + 1] = gc_sh[i + 1] + gc_sh[i]
+            else:
+                T.barrier_wait(k_ready, 0)
+                T.cumsum(src=gc_sh, dim=0)
+            gemm(k_sh, k_sh, kk, True, transpose_b=True)
 
             # L' = StrictLower(diag(beta) (Gamma o K K^T)) in fp16 (the gate's exponent is <= 0 below the diagonal;
             # above it the select discards whatever it is); X = 0
@@ -126,16 +160,26 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4):
                 x_sh[i, j] = T.cast(0.0, half)
 
             # the 8 x 8 diagonal blocks of (I + L')^-1: thread (block b, column c) substitutes down its column
-            tx = T.get_thread_binding()
-            if tx < C:
-                blk = tx // BLK
-                c = tx % BLK
-                for i in T.unroll(BLK):
-                    col[i] = T.if_then_else(c == i, 1.0, 0.0)
-                    for j in T.unroll(i):
-                        col[i] = col[i] - T.cast(l_sh[blk * BLK + i, blk * BLK + j], acc) * col[j]
-                for i in T.unroll(BLK):
-                    x_sh[blk * BLK + i, blk * BLK + c] = T.cast(col[i], half)
+            if cpu_debug:
+                for blk, c in T.Parallel(C // BLK, BLK):
+                    for i in T.serial(BLK):
+                        x_sh[blk * BLK + i, blk * BLK + c] = T.if_then_else(c == i, 1.0, 0.0)
+                        for j in T.serial(i):
+                            x_sh[blk * BLK + i, blk * BLK + c] = (x_sh[blk * BLK + i, blk * BLK + c]
+                                                                  - l_sh[blk * BLK + i, blk * BLK + j]
+                                                                  * x_sh[blk * BLK + j, blk * BLK + c])  # fmt: skip
+            else:
+                col = T.alloc_local((BLK,), acc)
+                tx = T.get_thread_binding()
+                if tx < C:
+                    blk = tx // BLK
+                    c = tx % BLK
+                    for i in T.unroll(BLK):
+                        col[i] = T.if_then_else(c == i, 1.0, 0.0)
+                        for j in T.unroll(i):
+                            col[i] = col[i] - T.cast(l_sh[blk * BLK + i, blk * BLK + j], acc) * col[j]
+                    for i in T.unroll(BLK):
+                        x_sh[blk * BLK + i, blk * BLK + c] = T.cast(col[i], half)
 
             # doublings 8 -> 16 -> 32 -> 64 on whole tiles
             doubling(x_sh, l_sh, p_sh, prod, BLK)
