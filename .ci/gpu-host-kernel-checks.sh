@@ -36,10 +36,12 @@ ab() {
 # Session 26 (S26_V10=1): kkt v10, the forward-only stage 1 with the gate inside L and fp16 whole-tile doublings
 # (compiled on the CPU, never run): Agb against float64 and v4t's, the inference forward with it against float64,
 # stage 1 and forward timings against v4t, then the harness's rows on the many-head configs FlashInfer leads, v4t
-# first, v10 second. Cache: `--only "kkt v10 agb"`, `--only "kkt v4t agb"`, `--only "ws rev9"`, `--only "cp combine"`.
+# first, v10 second; the profile builds of v10 and v4 (phases per CTA). Cache: `--only "kkt v10"`, `--only "kkt v4t agb"`,
+# `--only "kkt v4 profile"`, `--only "ws rev9"`, `--only "cp combine"`.
 if [ -n "${S26_V10:-}" ]; then
-  step v10-check 200 tests/gpu/test_qla_kkt_v10.py -k "not time"
+  step v10-check 200 tests/gpu/test_qla_kkt_v10.py -k "not time and not profile"
   step v10-timing 150 tests/gpu/test_qla_kkt_v10.py -k time
+  step v10-profile 120 tests/gpu/test_qla_kkt_v10.py -k profile
   ab v10-base-rows 100 "${V10_HEADS:-16/64,8/32}"
   ab v10-rows 100 "${V10_HEADS:-16/64,8/32}" QLA_KKT_IMPL=v10
   exit 0

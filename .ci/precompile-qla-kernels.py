@@ -46,6 +46,7 @@ def variants() -> list[tuple[str, str, tuple]]:
     out.append(("kkt v4t agb bfloat16", "kkt_solve_v3_kernel", (HEAD_DIM, "bfloat16", *agb_kkt_args("v4t"))))
     for dt in ("bfloat16", "float16"):  # api.AGB_ONLY_KKT_IMPLS (session 26)
         out.append((f"kkt v10 agb {dt}", "kkt_solve_v10_kernel", (HEAD_DIM, dt)))
+    out.append(("kkt v10 profile bfloat16", "kkt_solve_v10_kernel", (HEAD_DIM, "bfloat16", 4, False, True)))
     for rev in (4, 5, 6, 7, 8, 9):
         for bv in (128, 64, 32):
             for use_h0 in (True, False):

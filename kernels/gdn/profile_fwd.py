@@ -146,38 +146,51 @@ def profile_fused_vs(
             for w, wg in enumerate(("WG1", "WG3"))}
 
 
-def profile_kkt(
-    k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor | None, impl: str = "v3h"
-) -> dict:
-    """Mean clock64 cycles per phase of a v3-family kkt_solve (its profile build) over all CTAs, the mean
-    CTA length, and the plain kernel's time (CUDA events, median of 20), from which the caller gets how
-    many CTAs overlap on an SM: mean CTA cycles x CTAs / (SMs x kernel time x clock)."""
-    from .api import KKT_IMPLS
-    from .fwd.kkt_solve_v3 import PROFILE_STAMPS, kkt_solve_v3_kernel
-
+def _kkt_phases(kernel, stamps, impl: str, emit_agb: bool, k, g, beta, cu_seqlens) -> dict:
+    """Run a kkt profile build (one more argument: the clock64 stamps per CTA) and read it: mean cycles per phase
+    over all CTAs, the mean CTA length, the plain build's time (CUDA events, median of 20), and whether the two
+    builds write the same output. The caller gets how many CTAs overlap on an SM from these:
+    mean CTA cycles x CTAs / (SMs x kernel time x clock)."""
     h_v = g.shape[-1]
     plan = _plan(k, cu_seqlens)
     kf, gf, bf = (pack_tokens(x) for x in (k, g, beta))
+    g_cumsum = torch.empty_like(gf)
+    out = torch.empty(1, kf.shape[1], h_v, 64, dtype=k.dtype, device=k.device)
+    ctas = plan.num_chunks * h_v
+    prof = torch.zeros(ctas, len(stamps), dtype=torch.int64, device=k.device)
+    for _ in range(2):  # the first launch loads the module
+        kernel(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, out, prof)
+    torch.cuda.synchronize()
+    plain_gc, plain_out = _launch_kkt(impl, kf, gf, bf, plan, emit_agb)  # the profile build must compute the same
+    cycles = prof.double().diff(dim=1).mean(0)
+    return {
+        "ctas": ctas,
+        "mean_cycles_per_phase": {f"{a} -> {b}": round(c, 1) for a, b, c in zip(stamps, stamps[1:], cycles.tolist())},
+        "mean_cta_cycles": round(cycles.sum().item(), 1),
+        "impl": impl,
+        "kernel_ms": median_event_ms(lambda: _launch_kkt(impl, kf, gf, bf, plan, emit_agb)),
+        "same_as_plain_build": bool(torch.equal(out, plain_out) and torch.equal(g_cumsum, plain_gc)),
+    }
+
+
+def profile_kkt(
+    k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor | None, impl: str = "v3h"
+) -> dict:
+    """_kkt_phases for a v3-family kkt_solve (its A0 build's profile twin)."""
+    from .api import KKT_IMPLS
+    from .fwd.kkt_solve_v3 import PROFILE_STAMPS, kkt_solve_v3_kernel
+
     version, extra = KKT_IMPLS[impl]
     assert version == "v3", impl
     args = list(extra) + [False] * (8 - len(extra))  # (precise, min_blocks, cpu_debug, hoist, profile, ...)
     args[4] = True
     kernel = kkt_solve_v3_kernel(HEAD_DIM, _TL_DTYPE[k.dtype], *args)
-    g_cumsum = torch.empty_like(gf)
-    a0 = torch.empty(1, kf.shape[1], h_v, 64, dtype=k.dtype, device=k.device)
-    ctas = plan.num_chunks * h_v
-    prof = torch.zeros(ctas, len(PROFILE_STAMPS), dtype=torch.int64, device=k.device)
-    for _ in range(2):  # the first launch loads the module
-        kernel(kf, gf, bf, plan.cu_seqlens, plan.chunk_indices, g_cumsum, a0, prof)
-    torch.cuda.synchronize()
-    plain_gc, plain_a0 = _launch_kkt(impl, kf, gf, bf, plan)  # the profile build must compute the same
-    cycles = prof.double().diff(dim=1).mean(0)
-    return {
-        "ctas": ctas,
-        "mean_cycles_per_phase": {f"{PROFILE_STAMPS[i]} -> {PROFILE_STAMPS[i + 1]}": round(c, 1)
-                                  for i, c in enumerate(cycles.tolist())},
-        "mean_cta_cycles": round(cycles.sum().item(), 1),
-        "impl": impl,
-        "kernel_ms": median_event_ms(lambda: _launch_kkt(impl, kf, gf, bf, plan)),
-        "same_as_plain_build": bool(torch.equal(a0, plain_a0) and torch.equal(g_cumsum, plain_gc)),
-    }
+    return _kkt_phases(kernel, PROFILE_STAMPS, impl, False, k, g, beta, cu_seqlens)
+
+
+def profile_kkt_v10(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor | None) -> dict:
+    """_kkt_phases for kkt v10 (fwd/kkt_solve_v10.py's profile build, Agb out)."""
+    from .fwd.kkt_solve_v10 import PROFILE_STAMPS, kkt_solve_v10_kernel
+
+    kernel = kkt_solve_v10_kernel(HEAD_DIM, _TL_DTYPE[k.dtype], profile=True)
+    return _kkt_phases(kernel, PROFILE_STAMPS, "v10", True, k, g, beta, cu_seqlens)

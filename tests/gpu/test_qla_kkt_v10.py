@@ -135,3 +135,28 @@ def test_time_v10():
     with open(os.path.join(out_dir, "kkt_v10_timing.json"), "w") as fh:
         json.dump({"timer": "cuda-events, L2 flushed, median of 50", "device": torch.cuda.get_device_name(),
                    "rows": rows}, fh, indent=1)  # fmt: skip
+
+
+def _phase_rows(h_qk, h_v, lens):
+    """v10's and v4's profile readings on one config."""
+    from qla_kernels.gdn.profile_fwd import profile_kkt, profile_kkt_v10
+
+    (_, k, _, g, beta), _ = make_inputs(1, sum(lens), h_qk, h_v, torch.bfloat16, 7, False, len(lens), False)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    head = {"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}"}
+    return [{**head, **profile_kkt_v10(k, g, beta, cu)}, {**head, **profile_kkt(k, g, beta, cu, "v4")}]
+
+
+def test_profile_v10_phases():
+    """Not an assertion on speed: where a v10 CTA and a v4 CTA spend their cycles (profile builds), on the
+    many-head many-sequence config and one long few-head sequence; $OUT/kkt_v10_phases.json for NOTES.md."""
+    rows = _phase_rows(16, 64, [8192] * 4) + _phase_rows(2, 8, [32768])
+    for r in rows:
+        print(f"\n[kkt-phases] {r['h_qk']}/{r['h_v']} {r['seqs']} {r['impl']}: CTA {r['mean_cta_cycles']:.0f} cycles, "
+              f"kernel {r['kernel_ms']:.4f} ms, same as plain: {r['same_as_plain_build']}; "
+              + ", ".join(f"{p}={c:.0f}" for p, c in r["mean_cycles_per_phase"].items()))  # fmt: skip
+    assert all(r["same_as_plain_build"] for r in rows)
+    out_dir = os.environ.get("OUT") or "out"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "kkt_v10_phases.json"), "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)

@@ -41,13 +41,21 @@ LOG2E = 1.4426950408889634
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 
+# Profile build (profile=True): thread 0 of every CTA stamps clock64 after a barrier at these points; consecutive
+# differences are the phases (profile_fwd.profile_kkt_v10).
+PROFILE_STAMPS = (
+    "start", "K, g, beta loaded, cumsum", "K K^T", "L' and X = 0 stored", "8 x 8 diagonal blocks", "level 8 -> 16",
+    "level 16 -> 32", "level 32 -> 64", "Agb stored",
+)  # fmt: skip
+
 
 def _partner(i, j, size: int):
     """(i, j) is where the doubling from blocks of `size` to 2 size writes X21."""
     return T.And(T.And(i // (2 * size) == j // (2 * size), (i // size) % 2 == 1), (j // size) % 2 == 0)
 
 
-def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_debug: bool = False):
+def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_debug: bool = False,
+                          profile: bool = False):
     """TileLang program: (k, g, beta, cu_seqlens, chunk_indices) -> (g_cumsum, Agb). Varlen layout (B = 1); head
     counts are runtime values. min_blocks_per_sm caps registers so that many CTAs fit an SM.
 
@@ -55,7 +63,11 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
     products become loops, the TMA load a plain copy, the cumsum and the substitution serial loops, and the fp16
     tiles fp32 (the C backend has no half type), so everything but the GPU-only pieces and the fp16 roundings
     (grid decode, GVA heads, the gate and masks of L', the partner masks of every level, the tails) runs on a CPU
-    against float64 (tests/kernels/test_kkt_v10_cpu.py)."""
+    against float64 (tests/kernels/test_kkt_v10_cpu.py).
+
+    profile=True is a measuring build with one more argument, prof [num_chunks * h_v, len(PROFILE_STAMPS)] int64
+    (clock64 per stamp, thread 0 of every CTA, after a barrier); its numbers go to NOTES.md, never into results."""
+    assert not (profile and cpu_debug)
     C = CHUNK
     h_v = T.dynamic("h_v")
     h_qk = T.dynamic("h_qk")
@@ -86,6 +98,14 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
             T.gemm(a, b, out, transpose_B=transpose_b, clear_accum=clear)
 
     @T.macro
+    def stamp(prof, bid, point):
+        """Profile builds: every thread reaches this point, then thread 0 reads the clock."""
+        if profile:
+            T.sync_threads()
+            if T.get_thread_binding() == 0:
+                prof[bid, point] = T.call_extern("int64", "clock64")
+
+    @T.macro
     def doubling(x_sh, l_sh, p_sh, prod, size):
         """X (the block-diagonal inverse at blocks of `size`) -> at blocks of 2 size."""
         gemm(x_sh, l_sh, prod, True)  # X L': its partner blocks are D C
@@ -100,16 +120,8 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
         for i, j in T.Parallel(C, C):
             x_sh[i, j] = T.cast(prod[i, j], half)
 
-    @T.prim_func
-    def kkt_solve_v10(
-        k: T.Tensor((1, nt, h_qk, dk), dtype),
-        g: T.Tensor((1, nt, h_v), acc),
-        beta: T.Tensor((1, nt, h_v), acc),
-        cu_seqlens: T.Tensor((ns,), "int32"),
-        chunk_indices: T.Tensor((nc, 2), "int32"),
-        g_cumsum: T.Tensor((1, nt, h_v), acc),
-        agb: T.Tensor((1, nt, h_v, C), dtype),
-    ):
+    @T.macro
+    def body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, agb, prof):
         with T.Kernel(nc * h_v, threads=128) as (bid,):
             if min_blocks_per_sm > 0 and not cpu_debug:
                 T.annotate_min_blocks_per_sm(min_blocks_per_sm)
@@ -130,6 +142,7 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
             kk = alloc_acc((C, C))
             prod = alloc_acc((C, C))
 
+            stamp(prof, bid, 0)
             # K by TMA (rows past the sequence end belong to the next sequence or are zero-filled: beta = 0 there
             # zeroes their rows of L', and their columns only meet rows past the end), g and beta meanwhile
             if cpu_debug:
@@ -149,7 +162,9 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
             else:
                 T.barrier_wait(k_ready, 0)
                 T.cumsum(src=gc_sh, dim=0)
+            stamp(prof, bid, 1)
             gemm(k_sh, k_sh, kk, True, transpose_b=True)
+            stamp(prof, bid, 2)
 
             # L' = StrictLower(diag(beta) (Gamma o K K^T)) in fp16 (the gate's exponent is <= 0 below the diagonal;
             # above it the select discards whatever it is); X = 0
@@ -159,6 +174,7 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
                 )
                 x_sh[i, j] = T.cast(0.0, half)
 
+            stamp(prof, bid, 3)
             # the 8 x 8 diagonal blocks of (I + L')^-1: thread (block b, column c) substitutes down its column
             if cpu_debug:
                 for blk, c in T.Parallel(C // BLK, BLK):
@@ -182,9 +198,13 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
                         x_sh[blk * BLK + i, blk * BLK + c] = T.cast(col[i], half)
 
             # doublings 8 -> 16 -> 32 -> 64 on whole tiles
+            stamp(prof, bid, 4)
             doubling(x_sh, l_sh, p_sh, prod, BLK)
+            stamp(prof, bid, 5)
             doubling(x_sh, l_sh, p_sh, prod, 2 * BLK)
+            stamp(prof, bid, 6)
             doubling(x_sh, l_sh, p_sh, prod, 4 * BLK)
+            stamp(prof, bid, 7)
 
             # Agb = X diag(beta) (beta is 0 past the end: those columns are 0); rows past the end are not stored
             for i, j in T.Parallel(C, C):
@@ -198,6 +218,36 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
             for i in T.Parallel(C):
                 if start + i < end:
                     g_cumsum[0, start + i, bh] = gc_sh[i]
+            stamp(prof, bid, 8)
+
+    if profile:
+
+        @T.prim_func
+        def kkt_solve_v10_profile(
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            g: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            cu_seqlens: T.Tensor((ns,), "int32"),
+            chunk_indices: T.Tensor((nc, 2), "int32"),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            agb: T.Tensor((1, nt, h_v, C), dtype),
+            prof: T.Tensor((nc * h_v, len(PROFILE_STAMPS)), "int64"),
+        ):
+            body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, agb, prof)
+
+        return kkt_solve_v10_profile
+
+    @T.prim_func
+    def kkt_solve_v10(
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        g: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_indices: T.Tensor((nc, 2), "int32"),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        agb: T.Tensor((1, nt, h_v, C), dtype),
+    ):
+        body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, agb, None)
 
     return kkt_solve_v10
 
