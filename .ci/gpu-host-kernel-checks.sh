@@ -47,6 +47,17 @@ if [ -n "${S26_V10:-}" ]; then
   exit 0
 fi
 
+# Session 26 (S26_VS4=1): vs4, the one-kernel forward with kkt v10's inverse in its auxiliary warpgroup (compiled on
+# the CPU, never run): its float64 cases, the WG1/WG3 profile beside vs2's and vs3's, the forward's time against
+# kkt + ws12 and vs3. Cache: `--only vs4`, `--only vs3`, `--only "vs2 profile"`, `--only "vs3 profile"`,
+# `--only "ws rev9 bv128"`, `--only "kkt v4t agb"`.
+if [ -n "${S26_VS4:-}" ]; then
+  step vs4-check 150 tests/gpu/test_qla_fused_ws.py -k "vs4 and not timing and not profile"
+  step vs4-profile 180 tests/gpu/test_qla_fused_ws.py -k test_profile_vs_phases
+  STEP_ENV=WS_TIMING_IMPLS=ws12,vs3,vs4 step vs4-timing 150 tests/gpu/test_qla_fused_ws.py -k test_time_fused_variants
+  exit 0
+fi
+
 # Session 25 (S25_VS3=1): vs3, the one-kernel forward's auxiliary warpgroup with its gate scan by warp shuffles under
 # Q K^T (fused_fwd_vs's fast_gates; compiled on the CPU, never run): its float64 cases (bf16, fp16, GVA 1-4, T = 1,
 # T = 65, ragged, an initial state), then the profile build beside vs2's on the same inputs (WG3's phases: did the

@@ -69,9 +69,11 @@ def variants() -> list[tuple[str, str, tuple]]:
                             (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, True, precise)))
             out.append((f"vs3 {dt} h0={use_h0}", "fused_fwd_vs_kernel",  # api's vs3: fast_gates, a keyword there
                         (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, True, False, False, True)))
-    for name, fast in (("vs2", False), ("vs3", True)):  # profile builds (profile_fwd.profile_fused_vs)
+            out.append((f"vs4 {dt} h0={use_h0}", "fused_fwd_vs_kernel",  # api's vs4: fast_gates, fp16_inverse
+                        (HEAD_DIM, HEAD_DIM, SCALE, dt, use_h0, True, False, False, True, True)))
+    for name, fast, fp16 in (("vs2", False, False), ("vs3", True, False), ("vs4", True, True)):  # profile builds
         out.append((f"{name} profile", "fused_fwd_vs_kernel",
-                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, True, False, True, fast)))  # fmt: skip
+                    (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, True, False, True, fast, fp16)))  # fmt: skip
     for lean in (False, True):  # profile builds (profile_fwd.profile_fused_ws7)
         out.append((f"ws rev{9 if lean else 8} profile", "fused_fwd_ws7_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", True, False, True, True, lean)))  # fmt: skip

@@ -108,7 +108,7 @@ DEFAULT_AGB_KKT_IMPL = "v4t"
 # 4's 1.1x bound, so auto kept ws6 until ws12). It has no A0 for a backward: the autograd forward (need_a0=True) runs
 # ws6 in its place.
 FUSED_IMPLS = ("v2", "ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "vs1", "vs2", "vs2p", "vs3",
-               "auto")
+               "vs4", "auto")
 # fused_fwd_ws.py's revisions behind the names; "ws11" (rev 8: ws10 with Agb's diagonal, a token's own beta, taken
 # unrounded in both of WG1's products; H200, session 13: every edge config at or below 1.01x FLA's error, but 0.957x
 # ws10's speed); "ws12" (rev 9: ws11 with WG1's two state-free GEMMs under one wait and the diagonal fix between them,
@@ -119,7 +119,7 @@ WS_REVS = {"ws": 4, "ws5": 5, "ws6": 6, "ws10": 7, "ws11": 8, "ws12": 9}
 # over two warpgroups along V as S^T, every chain GEMM with the state as wgmma's register operand, a third
 # warpgroup forming Pg; the whole V per CTA (block_v 128 only), states [N,H_v,K,V] only; step 1 of NOTES.md's
 # one-kernel design
-VS_IMPLS = ("vs1", "vs2", "vs2p", "vs3")
+VS_IMPLS = ("vs1", "vs2", "vs2p", "vs3", "vs4")
 VS_BLOCK_V = 128
 # "vs2" / "vs2p" (session 15; H100: correct, but 1.6x slower than kkt + ws12: its auxiliary warpgroup, at ~8 us a
 # chunk, sets the step): vs1 with stage 1 inside (fwd/chunk_inverse.py in its auxiliary warpgroup): no kkt
@@ -127,9 +127,13 @@ VS_BLOCK_V = 128
 # "vs3" (session 25; compiled here, not yet run): vs2 with the auxiliary warpgroup's first phases for latency (the
 # gate's scan by warp shuffles under Q K^T's wgmma, gates and beta read once per row and column: fused_fwd_vs's
 # fast_gates). name -> (precise, fast_gates). No CP state pass of their own: these run without CP.
-SOLVE_IN_KERNEL_IMPLS = {"vs2": (False, False), "vs2p": (True, False), "vs3": (False, True)}
+# "vs4" (session 26; compiled here, not yet run): vs3 with kkt v10's inverse in its auxiliary warpgroup (the gate
+# inside L', fp16 8 x 8 blocks and whole-tile doublings on wgmma: fused_fwd_vs's fp16_inverse). name -> (precise,
+# fast_gates, fp16_inverse).
+SOLVE_IN_KERNEL_IMPLS = {"vs2": (False, False, False), "vs2p": (True, False, False), "vs3": (False, True, False),
+                         "vs4": (False, True, True)}
 # fused implementations that take stage 1's emit_agb output instead of A0
-AGB_IMPLS = ("ws10", "ws11", "ws12", "vs1", "vs2", "vs2p", "vs3")
+AGB_IMPLS = ("ws10", "ws11", "ws12", "vs1", "vs2", "vs2p", "vs3", "vs4")
 # the fused_fwd_ws revision whose CP state pass serves each AGB fused kernel (they take the same Agb)
 AGB_STATE_PASS_REV = {"ws10": 7, "ws11": 8, "ws12": 9, "vs1": 9}
 # what runs instead of an AGB_IMPLS kernel when the caller needs A0 (the autograd forward)
@@ -187,9 +191,10 @@ def _fused_kernel(impl: str, scale: float, dt: str, use_h0: bool, state_v_first:
         from .fwd.fused_fwd_vs import fused_fwd_vs_kernel
 
         if impl in SOLVE_IN_KERNEL_IMPLS:
-            precise, fast_gates = SOLVE_IN_KERNEL_IMPLS[impl]
+            precise, fast_gates, fp16_inverse = SOLVE_IN_KERNEL_IMPLS[impl]
+            extra = {"fp16_inverse": True} if fp16_inverse else {}  # (vs3's call, and its cache key, unchanged)
             return launcher(fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, True, precise,
-                                                fast_gates=fast_gates))
+                                                fast_gates=fast_gates, **extra))
         return launcher(fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0))
     if impl in TRANSPOSED_STATE_IMPLS:
         from .fwd.fused_fwd_ws7 import fused_fwd_ws7_kernel

@@ -111,12 +111,13 @@ def profile_fused_vs(
     cu_seqlens: torch.Tensor | None,
     precise: bool = False,
     fast_gates: bool = False,
+    fp16_inverse: bool = False,
 ) -> dict[str, dict[str, float]]:
     """{warpgroup: {phase: mean cycles per chunk}} for one launch of the profile build of fused_fwd_vs with
-    stage 1 inside (vs2, precise: vs2p, fast_gates: vs3): WG1 (a state warpgroup) and WG3 (Pg and the inverse).
-    The launch's o and final state are checked against the plain build's, so a profile of a broken build cannot
-    pass."""
-    from .fwd.fused_fwd_vs import NUM_PHASES, PHASES, PHASES_FAST_GATES, fused_fwd_vs_kernel
+    stage 1 inside (vs2, precise: vs2p, fast_gates: vs3, with fp16_inverse: vs4): WG1 (a state warpgroup) and WG3
+    (Pg and the inverse). The launch's o and final state are checked against the plain build's, so a profile of a
+    broken build cannot pass."""
+    from .fwd.fused_fwd_vs import NUM_PHASES, PHASES, PHASES_FAST_GATES, PHASES_FP16_INVERSE, fused_fwd_vs_kernel
 
     h_v = check_fwd_args(q, k, v, g, beta, initial_state, cu_seqlens, False).h_v
     plan = _plan(q, cu_seqlens)
@@ -135,13 +136,15 @@ def profile_fused_vs(
         build = {"profile": True} if profile else {}  # the plain build as the api compiles it (its cache entry)
         if fast_gates:
             build["fast_gates"] = True
+        if fp16_inverse:
+            build["fp16_inverse"] = True
         fused_fwd_vs_kernel(HEAD_DIM, HEAD_DIM, scale, dt, use_h0, True, precise, **build)(*args)
         outs.append((o, ht))
     torch.cuda.synchronize()
     if not (torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])):
         raise RuntimeError("fused_fwd_vs's profile build computed another o or final state than its plain build")
     total = prof.double().sum(0) / (plan.num_chunks * h_v)  # per chunk-step
-    names = PHASES_FAST_GATES if fast_gates else PHASES
+    names = PHASES_FP16_INVERSE if fp16_inverse else PHASES_FAST_GATES if fast_gates else PHASES
     return {wg: {name: round(total[w, i].item(), 1) for i, name in enumerate(names[w])}
             for w, wg in enumerate(("WG1", "WG3"))}
 

@@ -172,10 +172,12 @@ def build_stats(prim_func, pass_configs: dict | None = None) -> tuple[object, li
     return rep, loop_stats(rep.source, disassemble(rep.cubin), "k.cu")
 
 
-def _vs(solve: bool, fast_gates: bool = False) -> tuple[object, dict]:
+def _vs(solve: bool, fast_gates: bool = False, fp16_inverse: bool = False) -> tuple[object, dict]:
     from .fwd.fused_fwd_vs import PASS_CONFIGS, fused_fwd_vs_program
 
-    return fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, solve, fast_gates=fast_gates), PASS_CONFIGS
+    extra = {"fp16_inverse": True} if fp16_inverse else {}
+    return (fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, solve, fast_gates=fast_gates, **extra),
+            PASS_CONFIGS)  # fmt: skip
 
 
 def _ws12() -> tuple[object, dict]:
@@ -197,6 +199,7 @@ NAMES: dict[str, tuple[str, Callable[[], tuple[object, dict]]]] = {
     "vs1": ("forward, state split over two warpgroups, Agb from stage 1", lambda: _vs(False)),
     "vs2": ("vs1 with the inverse in the auxiliary warpgroup", lambda: _vs(True)),
     "vs3": ("vs2 with the gate scan by warp shuffles under Q K^T", lambda: _vs(True, True)),
+    "vs4": ("vs3 with kkt v10's inverse (gate inside L', fp16 whole-tile doublings)", lambda: _vs(True, True, True)),
     "ws12": ("forward's default fused kernel (rev 9, BV = 128)", _ws12),
     "fused-walk": ("the fused backward walk ($QLA_BWD_FUSED=1)", _fused_walk),
 }

@@ -30,7 +30,8 @@ from qla_bench.timing import L2Flusher, time_cuda_events  # noqa: E402
 from qla_kernels.gdn.api import VS_IMPLS, chunk_gated_delta_rule_fwd  # noqa: E402
 
 BV_ALL = (128, 64, 32)
-WS_IMPLS = ("ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "vs1", "vs2", "vs2p", "vs3")
+WS_IMPLS = ("ws", "ws5", "ws6", "ws7", "ws8", "ws9", "ws10", "ws11", "ws12", "vs1", "vs2", "vs2p", "vs3",
+            "vs4")
 # ws6 rounds differently on purpose (beta applied to W before W's bf16 rounding): it is further from v2's
 # output than v2's own error (session 7: 5.7e-3 apart, both ~4e-3 from float64), so it is held to v2's
 # error instead of to v2's output
@@ -41,7 +42,7 @@ ROUNDS_LIKE_V2 = ("ws", "ws5")
 # vs1 (session 14) rounds X = bf(S), bf(W e^g), Agb, Vnew and Pg: held to the same 1.1x; so are vs2 and vs2p
 # (session 15: vs1 with its Agb formed in the kernel, by one tf32 pass or by 3xTF32)
 LOOSER_THAN_V2 = {"ws7": 1.1, "ws8": 1.1, "ws9": 1.1, "ws10": 1.1, "ws11": 1.1, "ws12": 1.1, "vs1": 1.1, "vs2": 1.1,
-                  "vs2p": 1.1, "vs3": 1.1}
+                  "vs2p": 1.1, "vs3": 1.1, "vs4": 1.1}
 
 
 def _widths(impl: str, all_widths: bool) -> tuple[int, ...]:
@@ -188,12 +189,14 @@ def test_profile_phases():
 
 
 PROFILE_VS = [
-    # (h_qk, h_v, sequence lengths, precise, fast_gates)
-    (16, 64, [8192] * 4, False, False),
-    (16, 64, [8192] * 4, False, True),  # vs3 (session 25)
-    (2, 8, [32768], False, False),
-    (2, 8, [32768], False, True),
-    (16, 64, [8192] * 4, True, False),
+    # (h_qk, h_v, sequence lengths, precise, fast_gates, fp16_inverse)
+    (16, 64, [8192] * 4, False, False, False),
+    (16, 64, [8192] * 4, False, True, False),  # vs3 (session 25)
+    (16, 64, [8192] * 4, False, True, True),  # vs4 (session 26)
+    (2, 8, [32768], False, False, False),
+    (2, 8, [32768], False, True, False),
+    (2, 8, [32768], False, True, True),
+    (16, 64, [8192] * 4, True, False, False),
 ]
 
 
@@ -203,14 +206,15 @@ def test_profile_vs_phases():
     from qla_kernels.gdn.profile_fwd import profile_fused_vs
 
     out = []
-    for h_qk, h_v, lens, precise, fast_gates in PROFILE_VS:
+    for h_qk, h_v, lens, precise, fast_gates, fp16_inverse in PROFILE_VS:
         (q, k, v, g, beta), s0 = make_inputs(1, sum(lens), h_qk, h_v, seed=0, n=len(lens))
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        phases = profile_fused_vs(q, k, v, g, beta, s0, cu, precise, fast_gates)
+        phases = profile_fused_vs(q, k, v, g, beta, s0, cu, precise, fast_gates, fp16_inverse)
         out.append({"h_qk": h_qk, "h_v": h_v, "seqs": f"{lens[0]}x{len(lens)}", "precise": precise,
-                    "fast_gates": fast_gates, "cycles": phases})
+                    "fast_gates": fast_gates, "fp16_inverse": fp16_inverse, "cycles": phases})
         for wg, ph in phases.items():
-            print(f"[vs-phases] {h_qk}/{h_v} {lens[0]}x{len(lens)} precise={precise} fast_gates={fast_gates} {wg}: "
+            print(f"[vs-phases] {h_qk}/{h_v} {lens[0]}x{len(lens)} precise={precise} fast_gates={fast_gates} "
+                  f"fp16_inverse={fp16_inverse} {wg}: "
                   + ", ".join(f"{n}={c:.0f}" for n, c in ph.items()), flush=True)
         assert all(c >= 0 for ph in phases.values() for c in ph.values())
     out_dir = os.environ.get("OUT") or "out"

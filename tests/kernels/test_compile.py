@@ -179,6 +179,24 @@ def test_fused_fwd_vs_profile_build_compiles(fast_gates):
     assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT, rep.line()
 
 
+@pytest.mark.parametrize("profile", [False, True])
+def test_fused_fwd_vs4_compiles(profile):
+    """vs4: vs3 with kkt v10's inverse in WG3: six fp16 wgmma products and no tf32 mma.sync, no CTA-wide barrier past
+    the setup (WG3's own are named), fewer spills and less shared memory than vs3 (112-116 / 144-148 B, 179.3 KiB)."""
+    from qla_kernels.gdn.fwd.fused_fwd_vs import PASS_CONFIGS, PHASES, PHASES_FP16_INVERSE, fused_fwd_vs_program
+
+    assert [len(p) for p in PHASES_FP16_INVERSE] == [len(p) for p in PHASES]
+    rep = build_sm90a(fused_fwd_vs_program(128, 128, 128**-0.5, "bfloat16", True, True, False, profile, True, True),
+                      PASS_CONFIGS)  # fmt: skip
+    assert rep.source.count("wgmma_ss<tl::DataType::kFloat16, tl::DataType::kFloat16") == 6, rep.line()
+    assert "kTensorFloat32" not in rep.source
+    assert rep.source.count("__syncthreads()") == 1, "only the barrier after the setup: the warpgroups diverge"
+    if not profile:  # (the profile build's clock locals spill a few more words: 124 / 140 B)
+        assert rep.spill_stores <= 112 and rep.spill_loads <= 144, rep.line()
+    assert 0 < rep.dyn_smem_bytes <= 179.3 * 1024, rep.line()
+    assert ("clock64" in rep.source) == profile
+
+
 @pytest.mark.parametrize(("use_h0", "overlap"), [(True, False), (False, False), (True, True)])
 def test_fused_fwd_ws7_compiles(use_h0, overlap):
     """Rev 7's chain GEMMs take the state and the new values from registers (wgmma's rs form); rev 8

@@ -33,6 +33,8 @@ import tilelang.language as T
 
 from .chunk_inverse import BLK, HALF, make_chunk_inverse
 from .fused_fwd_ws import CHUNK, LOG2E, PASS_CONFIGS, WG
+from .kkt_solve_v10 import BLK as BLK8
+from .kkt_solve_v10 import make_fp16_inverse
 
 # setmaxnreg per warpgroup: 24 + 192 + 192 + 104 = 512 (the 64 K register file at 128 threads each). The
 # kernel compiles at 128 per thread (512 threads), so the state warpgroups increase and the others decrease.
@@ -55,12 +57,18 @@ PHASES_FAST_GATES = (
     PHASES[0],
     ("wait full", "gemm Q K^T under the scan, gate vectors", "Pg -> p_sh") + PHASES[1][3:7] + ("arrive",),
 )
+# fp16_inverse (vs4): WG3's inverse as kkt v10's (phases 3-6)
+PHASES_FP16_INVERSE = (
+    PHASES[0],
+    PHASES_FAST_GATES[1][:3] + ("gemm K K^T, L' (gated, fp16)", "8 x 8 diagonal blocks", "level 8 -> 16",
+                                "levels 16 -> 64, Agb", "arrive"),
+)
 NUM_PHASES = max(len(p) for p in PHASES)
 
 
 def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial_state: bool,
                          solve_in_kernel: bool = False, precise: bool = False, profile: bool = False,
-                         fast_gates: bool = False):
+                         fast_gates: bool = False, fp16_inverse: bool = False):
     """(q, k, v, g_cumsum, beta, agb, h0, cu_seqlens, o, ht) as fused_fwd_ws_program's main build; with
     solve_in_kernel, (q, k, v, g, beta, h0, cu_seqlens, o, ht, g_cumsum). precise: the in-kernel inverse's
     products in 3xTF32 (stage 1 v4's) instead of one tf32 pass (v4t's). profile (solve_in_kernel only): a
@@ -76,11 +84,17 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
     inverse's beta and Agb gates the same way (make_chunk_inverse's masked_loads). The
     scan adds in another order than vs2's (fp32 rounding only); the state warpgroups are vs2's. (No explicit
     barrier: TileLang's own, id 4 over WG3's threads, orders the scan's writes before Pg's reads; it gives id 3 to
-    the producer warp, so a hand-written T.sync_threads(3, 128) here would share an id with a 32-thread one.)"""
+    the producer warp, so a hand-written T.sync_threads(3, 128) here would share an id with a 32-thread one.)
+
+    fp16_inverse (with fast_gates; "vs4", session 26): WG3's inverse as kkt v10's (fwd/kkt_solve_v10.py): the gate
+    and beta's rows go into L' in K K^T's epilogue (fp16), X = 0, 8 x 8 diagonal blocks, three whole-tile fp16
+    doublings on wgmma, Agb = X diag(beta) into the stage's a_sh; in place of chunk_inverse's staged 16 -> 32 -> 64
+    recursion (~7.9 K of vs3's ~12.6 K cycles a chunk) and its separate gating of A0."""
     C = CHUNK
     assert not precise or solve_in_kernel
     assert not profile or solve_in_kernel
     assert not fast_gates or solve_in_kernel
+    assert not fp16_inverse or fast_gates
     assert dk == 128 and dv == 128, "two state warpgroups of 64 rows of V, K = 128"
     vh = dv // 2
     h_v = T.dynamic("h_v")
@@ -174,6 +188,12 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
     alloc_work, clear_constant_blocks, inv = make_chunk_inverse(dtype, precise, masked_loads=fast_gates)
 
     @T.macro
+    def wg_gemm(a, b, out, clear):
+        T.gemm(a, b, out, clear_accum=clear)
+
+    diagonal16, doubling16 = make_fp16_inverse(wg_gemm, acc, "float16")
+
+    @T.macro
     def warp_gates(g_sh, b_sh, gs, e1_sh, er_sh, rb_sh, gl_sh, g_cumsum, st, t0, end, bh, tw, sc):
         """gs[st, :] = the chunk-local inclusive cumsum of g_sh[st, :] (each lane holds tokens lane and lane + 32;
         Hillis-Steele over the lanes, five shuffle rounds, then the first half's total added to the second),
@@ -239,7 +259,11 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
             # WG3's gates: with solve_in_kernel g_sh holds the raw gate and gs its chunk-local cumsum
             # (T.meta_var: bound without renaming the buffer, so vs1's program, and its cache key, stay as they were)
             gs = T.alloc_shared((2, C), acc) if solve_in_kernel else T.meta_var(g_sh)
-            work = T.meta_var(alloc_work() if solve_in_kernel else None)
+            work = T.meta_var(alloc_work() if solve_in_kernel and not fp16_inverse else None)
+            # vs4's inverse tiles: L', X, P (fp16)
+            l16 = T.alloc_shared((C, C), "float16") if fp16_inverse else T.meta_var(None)
+            x16 = T.alloc_shared((C, C), "float16") if fp16_inverse else T.meta_var(None)
+            p16 = T.alloc_shared((C, C), "float16") if fp16_inverse else T.meta_var(None)
             clk = T.alloc_local((1,), "int64") if profile else T.meta_var(None)
             spent = T.alloc_local((NUM_PHASES,), "int64") if profile else T.meta_var(None)
 
@@ -291,14 +315,15 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                 p = T.alloc_fragment((C, C), acc)  # P, then (solve_in_kernel) K K^T
                 # the inverse's registers (None without it: never read then)
                 tw = T.meta_var(tx - 3 * WG)
-                col = T.alloc_local((BLK,), acc) if solve_in_kernel else T.meta_var(None)
+                col = T.alloc_local((BLK8 if fp16_inverse else BLK,), acc) if solve_in_kernel else T.meta_var(None)
                 part = T.alloc_local((4,), acc) if solve_in_kernel and not fast_gates else T.meta_var(None)
                 sc = T.alloc_local((4,), acc) if fast_gates else T.meta_var(None)  # warp_gates' scan values
-                t1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
-                u1 = T.alloc_fragment((HALF, BLK), acc) if solve_in_kernel else T.meta_var(None)
-                t2 = T.alloc_fragment((HALF, HALF), acc) if solve_in_kernel else T.meta_var(None)
-                u2 = T.alloc_fragment((HALF, HALF), acc) if solve_in_kernel else T.meta_var(None)
-                if solve_in_kernel:
+                staged = solve_in_kernel and not fp16_inverse  # chunk_inverse's recursion
+                t1 = T.alloc_fragment((HALF, BLK), acc) if staged else T.meta_var(None)
+                u1 = T.alloc_fragment((HALF, BLK), acc) if staged else T.meta_var(None)
+                t2 = T.alloc_fragment((HALF, HALF), acc) if staged else T.meta_var(None)
+                u2 = T.alloc_fragment((HALF, HALF), acc) if staged else T.meta_var(None)
+                if staged:
                     clear_constant_blocks(work, a_sh, tw)
                 for c in T.serial(n_chunks):
                     st = c % 2
@@ -331,7 +356,34 @@ def fused_fwd_vs_program(dk: int, dv: int, scale: float, dtype: str, use_initial
                             )
                     T.copy(p, p_sh[st, :, :])
                     tick(clk, spent, 2)
-                    if solve_in_kernel:
+                    if fp16_inverse:
+                        # kkt v10's inverse: L' = StrictLower(diag(beta) (Gamma o K K^T)) (rows past the end 0: b_sh
+                        # holds the clamped last token's beta there), X = 0
+                        T.gemm(k_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(C, C):
+                            l16[i, j] = T.cast(
+                                T.if_then_else(
+                                    i > j,
+                                    p[i, j] * b_sh[st, i] * T.if_then_else(t0 + i < end, 1.0, 0.0)
+                                    * T.exp2((gs[st, i] - gs[st, j]) * LOG2E),
+                                    0.0,
+                                ),
+                                "float16",
+                            )  # fmt: skip
+                            x16[i, j] = T.cast(0.0, "float16")
+                        tick(clk, spent, 3)
+                        diagonal16(l16, x16, col, tw)
+                        tick(clk, spent, 4)
+                        doubling16(x16, l16, p16, p, BLK8)
+                        tick(clk, spent, 5)
+                        doubling16(x16, l16, p16, p, 2 * BLK8)
+                        doubling16(x16, l16, p16, p, 4 * BLK8)
+                        for i, j in T.Parallel(C, C):  # Agb = X diag(beta), columns past the end 0
+                            a_sh[st, i, j] = T.cast(
+                                T.cast(x16[i, j], acc) * b_sh[st, j] * T.if_then_else(t0 + j < end, 1.0, 0.0), dtype
+                            )
+                        tick(clk, spent, 6)
+                    elif solve_in_kernel:
                         T.gemm(k_sh[st, :, :], k_sh[st, :, :], p, transpose_B=True, clear_accum=True)
                         inv["lower"](p, b_sh, st, t0, end, work)
                         tick(clk, spent, 3)

@@ -54,6 +54,47 @@ def _partner(i, j, size: int):
     return T.And(T.And(i // (2 * size) == j // (2 * size), (i // size) % 2 == 1), (j // size) % 2 == 0)
 
 
+def make_fp16_inverse(gemm, acc: str, half: str):
+    """(diagonal, doubling) T.macros of the inverse on 64 x 64 tiles, shared by kkt v10 and the one-kernel forward's
+    vs4 (fused_fwd_vs): gemm(a, b, out, clear) is the caller's product (wgmma, or loops on the CPU), half the tiles'
+    type (fp16; fp32 in cpu_debug builds).
+
+      diagonal(l_sh, x_sh, col, tw)          X's 8 x 8 diagonal blocks = (I + L'_bb)^-1, thread tw < 64 (block
+                                             tw // 8, column tw % 8) substituting down its column in fp32 (col: a
+                                             (8,) local); X must be 0 elsewhere
+      doubling(x_sh, l_sh, p_sh, prod, size) X at blocks of `size` -> at blocks of 2 size (prod: a 64 x 64 fp32
+                                             fragment)"""
+    C = CHUNK
+
+    @T.macro
+    def diagonal(l_sh, x_sh, col, tw):
+        if tw < C:
+            blk = tw // BLK
+            c = tw % BLK
+            for i in T.unroll(BLK):
+                col[i] = T.if_then_else(c == i, 1.0, 0.0)
+                for j in T.unroll(i):
+                    col[i] = col[i] - T.cast(l_sh[blk * BLK + i, blk * BLK + j], acc) * col[j]
+            for i in T.unroll(BLK):
+                x_sh[blk * BLK + i, blk * BLK + c] = T.cast(col[i], half)
+
+    @T.macro
+    def doubling(x_sh, l_sh, p_sh, prod, size):
+        gemm(x_sh, l_sh, prod, True)  # X L': its partner blocks are D C
+        for i, j in T.Parallel(C, C):
+            p_sh[i, j] = T.cast(T.if_then_else(_partner(i, j, size), -prod[i, j], 0.0), half)
+        # X + P X: P X is -D C A on the partner blocks and exactly 0 elsewhere (P is 0 off them, X off its blocks),
+        # so the whole tile is written back unconditionally (a select that reads x_sh made TileLang put a barrier
+        # in every iteration of the store loop)
+        for i, j in T.Parallel(C, C):
+            prod[i, j] = T.cast(x_sh[i, j], acc)
+        gemm(p_sh, x_sh, prod, False)
+        for i, j in T.Parallel(C, C):
+            x_sh[i, j] = T.cast(prod[i, j], half)
+
+    return diagonal, doubling
+
+
 def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_debug: bool = False,
                           profile: bool = False):
     """TileLang program: (k, g, beta, cu_seqlens, chunk_indices) -> (g_cumsum, Agb). Varlen layout (B = 1); head
@@ -105,20 +146,7 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
             if T.get_thread_binding() == 0:
                 prof[bid, point] = T.call_extern("int64", "clock64")
 
-    @T.macro
-    def doubling(x_sh, l_sh, p_sh, prod, size):
-        """X (the block-diagonal inverse at blocks of `size`) -> at blocks of 2 size."""
-        gemm(x_sh, l_sh, prod, True)  # X L': its partner blocks are D C
-        for i, j in T.Parallel(C, C):
-            p_sh[i, j] = T.cast(T.if_then_else(_partner(i, j, size), -prod[i, j], 0.0), half)
-        # X + P X: P X is -D C A on the partner blocks and exactly 0 elsewhere (P is 0 off them, X off its blocks),
-        # so the whole tile is written back unconditionally (a select that reads x_sh made TileLang put a barrier
-        # in every iteration of the store loop)
-        for i, j in T.Parallel(C, C):
-            prod[i, j] = T.cast(x_sh[i, j], acc)
-        gemm(p_sh, x_sh, prod, False)
-        for i, j in T.Parallel(C, C):
-            x_sh[i, j] = T.cast(prod[i, j], half)
+    diagonal, doubling = make_fp16_inverse(gemm, acc, half)
 
     @T.macro
     def body(k, g, beta, cu_seqlens, chunk_indices, g_cumsum, agb, prof):
@@ -186,16 +214,7 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
                                                                   * x_sh[blk * BLK + j, blk * BLK + c])  # fmt: skip
             else:
                 col = T.alloc_local((BLK,), acc)
-                tx = T.get_thread_binding()
-                if tx < C:
-                    blk = tx // BLK
-                    c = tx % BLK
-                    for i in T.unroll(BLK):
-                        col[i] = T.if_then_else(c == i, 1.0, 0.0)
-                        for j in T.unroll(i):
-                            col[i] = col[i] - T.cast(l_sh[blk * BLK + i, blk * BLK + j], acc) * col[j]
-                    for i in T.unroll(BLK):
-                        x_sh[blk * BLK + i, blk * BLK + c] = T.cast(col[i], half)
+                diagonal(l_sh, x_sh, col, T.get_thread_binding())
 
             # doublings 8 -> 16 -> 32 -> 64 on whole tiles
             stamp(prof, bid, 4)
