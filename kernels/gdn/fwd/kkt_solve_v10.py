@@ -129,7 +129,7 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
     def gemm(a, b, out, clear, transpose_b=False):
         """out (+)= a b (a b^T): wgmma on the GPU, fp32 loops in cpu_debug builds."""
         if cpu_debug:
-            for i, j in T.Parallel(a.shape[0], a.shape[0]):
+            for i, j in T.Parallel(out.shape[0], out.shape[1]):
                 if clear:
                     out[i, j] = 0.0
                 for r in T.serial(a.shape[1]):
