@@ -315,8 +315,8 @@ def host_bound_section(rows: Sequence[Row], threshold: float = HOST_BOUND_RATIO)
                       "slower under cuda-events than under cuda-graph.", ""]  # fmt: skip
     out += [
         f"**{len(flagged)} of {pairs}** configs timed with both timers at one commit read >= {threshold:g}x slower "
-        "under cuda-events than under cuda-graph: the GPU waited for the host's Python path, so their events "
-        "latency is host time (it moves between processes), not kernel time.",
+        "under cuda-events than under cuda-graph: the GPU waited for the library's host work (argument handling, "
+        "allocations, launches), so their events latency is host time (it moves between processes), not kernel time.",
         "",
     ]
     body = [
