@@ -37,6 +37,31 @@ def _per_call_us(fn: Callable[[], object], calls: int) -> float:
     return round(host / calls * 1e6, 2)
 
 
+def _events_us_per_call(fn: Callable[[], object], calls: int) -> float:
+    """CUDA-events time per call, in microseconds, of `calls` calls issued back to back (the GPU drained first)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return round(start.elapsed_time(end) / calls * 1e3, 2)
+
+
+def _cprofile_top(fn: Callable[[], object], calls: int, lines: int) -> str:
+    """cProfile's table of `calls` calls of fn, by own time, its first `lines` functions."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(lines)
+    return text.getvalue()
+
+
 def _inputs(h_qk: int, h_v: int, seqlens: list[int], dtype: torch.dtype = torch.bfloat16):
     t = sum(seqlens)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -89,27 +114,14 @@ def host_breakdown(h_qk: int, h_v: int, seqlens: list[int], calls: int = 300) ->
     }
     out = {name: _per_call_us(fn, calls) for name, fn in steps.items()}
 
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        api.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
-    end.record()
-    torch.cuda.synchronize()
-    out["back-to-back calls, cuda-events per call"] = round(start.elapsed_time(end) / calls * 1e3, 2)
+    def whole():
+        return api.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
 
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        api.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
-    prof.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    out["back-to-back calls, cuda-events per call"] = _events_us_per_call(whole, calls)
     return {
         "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "fused": fname, "block_v": bv, "kkt": impl},
         "us_per_call": out,
-        "cprofile_tottime_top30": text.getvalue(),
+        "cprofile_tottime_top30": _cprofile_top(whole, calls, 30),
     }
 
 
@@ -124,44 +136,23 @@ def whole_call(h_qk: int, h_v: int, seqlens: list[int], calls: int = 200) -> dic
 
     plan = api._plan(q, cu)
     cpp = api._cp_plan(plan, h_v, api._num_sms(q.device), None, None)
-    out = {"host us per call": _per_call_us(call, calls)}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    out["back-to-back cuda-events us per call"] = round(start.elapsed_time(end) / calls * 1e3, 2)
+    out = {"host us per call": _per_call_us(call, calls),
+           "back-to-back cuda-events us per call": _events_us_per_call(call, calls)}  # fmt: skip
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream):  # a warm call off the default stream, as graph capture wants
         call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
     graph.replay()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(calls):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    out["graph replay us per call"] = round(start.elapsed_time(end) / calls * 1e3, 2)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        call()
-    prof.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    out["graph replay us per call"] = _events_us_per_call(graph.replay, calls)
     return {
         "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "need_a0": False,
                    "cp_pieces": cpp.num_pieces if cpp is not None else 0},
         "us_per_call": out,
-        "cprofile_tottime_top25": text.getvalue(),
+        "cprofile_tottime_top25": _cprofile_top(call, calls, 25),
     }
 
 

@@ -29,13 +29,11 @@ import sys
 
 import torch
 
+from .rounding_study import _bf
+
 C = 64
 HEAD_DIM = 128
 F64 = torch.float64
-
-
-def _bf(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.bfloat16).to(F64)
 
 
 def _f16(x: torch.Tensor) -> torch.Tensor:

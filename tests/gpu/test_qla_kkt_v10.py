@@ -11,8 +11,6 @@
     source .ci/gpu-host-setup.sh; python -m pytest tests/gpu/test_qla_kkt_v10.py -q -s -rfE
 """
 
-import importlib.util
-import itertools
 import json
 import os
 from pathlib import Path
@@ -25,41 +23,19 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from kkt_test_helpers import exact_agb, load_test_module  # noqa: E402
+
 from qla_bench.reference import chunk_gated_delta_rule_ref  # noqa: E402
 from qla_bench.timing import L2Flusher  # noqa: E402
 from qla_kernels.gdn import api  # noqa: E402
 
-
-def _sibling(name: str):
-    """A test module of this folder as a plain module, for its helpers (pytest runs with --import-mode=importlib,
-    so test modules do not import each other by name)."""
-    spec = importlib.util.spec_from_file_location(f"_helpers_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_v3 = _sibling("test_qla_kkt_v3")  # its cases, inputs, float64 stage 1 and timing helpers
+# the cases, inputs, float64 stage 1 and timing helpers of test_qla_kkt_v3
+_v3 = load_test_module(Path(__file__).with_name("test_qla_kkt_v3.py"))
 CASES, TIMING, TOL = _v3.CASES, _v3.TIMING, _v3.TOL
 case_inputs, exact_stage1, make_inputs, rel_l2, _median_ms = (
     _v3.case_inputs, _v3.exact_stage1, _v3.make_inputs, _v3.rel_l2, _v3._median_ms
 )
 IMPLS = ("v4t", "v10")
-
-
-def exact_agb(g_cumsum: torch.Tensor, a0: torch.Tensor, beta: torch.Tensor, offsets) -> torch.Tensor:
-    """Gamma o A0 diag(beta) per chunk, float64, from exact_stage1's chunk-local cumsum and A0 rows."""
-    bf = beta.reshape(-1, beta.shape[-1]).double().cpu()
-    out = torch.zeros_like(a0)
-    for s, e in itertools.pairwise(offsets):
-        for c0 in range(s, e, 64):
-            n = min(64, e - c0)
-            gc = g_cumsum[c0:c0 + n]  # [n, H_v]
-            lower = torch.tril(torch.ones(n, n, dtype=torch.bool))[:, :, None]
-            diff = torch.where(lower, gc[:, None, :] - gc[None, :, :], -torch.inf)  # above: exp(-inf) = 0
-            gam = torch.exp(diff).permute(0, 2, 1)  # [i, h, j]
-            out[c0:c0 + n, :, :n] = a0[c0:c0 + n, :, :n] * gam * bf[c0:c0 + n].T[None, :, :]
-    return out
 
 
 def stage1_agb(impl, k, g, beta, cu):
@@ -72,7 +48,7 @@ def stage1_agb(impl, k, g, beta, cu):
 def test_v10_agb_against_float64_and_v4t(name):
     _, k, _, g, beta, _, cu, offsets = case_inputs(name)
     ref_gc, ref_a0 = exact_stage1(k, g, beta, offsets)
-    ref = exact_agb(ref_gc, ref_a0, beta, offsets)
+    ref = exact_agb(ref_a0, ref_gc, beta, offsets)
     h_v = g.shape[-1]
     errs = {}
     for impl in IMPLS:

@@ -18,20 +18,13 @@ if shutil.which("g++") is None:
     pytest.skip("TileLang's C backend needs g++", allow_module_level=True)
 
 import tilelang
+from kkt_test_helpers import exact_agb, load_test_module
 
 from qla_kernels.gdn.fwd.kkt_solve_v10 import PASS_CONFIGS, kkt_solve_v10_program
 from qla_kernels.gdn.plan import build_plan_from_list
 
-
-def _sibling(name: str):
-    """A test module of this folder as a plain module, for its helpers (pytest runs with --import-mode=importlib)."""
-    spec = importlib.util.spec_from_file_location(f"_helpers_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_v3 = _sibling("test_kkt_v3_cpu")  # its cases, inputs and float64 stage 1 (A0, Gamma o A0 diag(beta))
+# the cases, inputs, float64 stage 1 and runner of test_kkt_v3_cpu
+_v3 = load_test_module(Path(__file__).with_name("test_kkt_v3_cpu.py"))
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +41,7 @@ def test_v10_program_on_cpu_matches_float64(kernel, cu, h_qk, h_v):
     gc, agb = _v3.run(kernel, k, g, beta, plan.cu_seqlens, plan.chunk_indices)
     assert _v3.rel(gc, ref_gc) < 1e-6
     assert torch.isfinite(agb).all()  # strong decay (g = -20 on head 1): no inf * 0 above the diagonal
-    assert _v3.rel(agb, _v3.exact_agb(ref_a0, ref_gc, beta, cu)) < 1e-5  # fp32 throughout on the CPU
+    assert _v3.rel(agb, exact_agb(ref_a0, ref_gc, beta, cu)) < 1e-5  # fp32 throughout on the CPU
 
 
 def test_no_write_past_a_sequence_end(kernel):
@@ -59,6 +52,6 @@ def test_no_write_past_a_sequence_end(kernel):
     first = plan.chunk_indices[plan.chunk_indices[:, 0] == 0].contiguous()
     ref_gc, ref_a0 = _v3.exact(k, g, beta, cu)
     gc, agb = _v3.run(kernel, k, g, beta, plan.cu_seqlens, first)
-    ref = _v3.exact_agb(ref_a0, ref_gc, beta, cu)
+    ref = exact_agb(ref_a0, ref_gc, beta, cu)
     assert _v3.rel(agb[:1000], ref[:1000]) < 1e-5 and _v3.rel(gc[:1000], ref_gc[:1000]) < 1e-6
     assert torch.all(agb[1000:] == 7.0) and torch.all(gc[1000:] == 123.0)

@@ -21,6 +21,7 @@ if shutil.which("g++") is None:
     pytest.skip("TileLang's C backend needs g++", allow_module_level=True)
 
 import tilelang
+from kkt_test_helpers import exact_agb
 
 from qla_kernels.gdn.fwd.kkt_solve_v3 import PASS_CONFIGS, kkt_solve_v3_program
 from qla_kernels.gdn.plan import build_plan_from_list
@@ -104,23 +105,6 @@ def exact(k, g, beta, cu):
             inv = torch.linalg.solve_triangular(m, eye.expand(h_v, 64, 64).clone(), upper=False, unitriangular=True)
             a0[c0:c0 + n] = inv.permute(1, 0, 2)[:n]
     return gc, a0
-
-
-def exact_agb(a0, gc, beta, cu):
-    """float64 Gamma o A0 diag(beta) rows [T, H_v, 64] from exact()'s A0 and cumsum: the chunk's tokens only
-    (beta is 0 past a sequence end)."""
-    agb, a0b = torch.zeros_like(a0), torch.zeros_like(a0)
-    bf = beta[0].double()
-    for s, e in itertools.pairwise(cu):
-        for c0 in range(s, e, 64):
-            n = min(64, e - c0)
-            rows = slice(c0, c0 + n)
-            a0b[rows, :, :n] = a0[rows, :, :n] * bf[rows].T[None]
-            g_i = gc[rows].permute(1, 0)[:, :, None]  # [H_v, n, 1]
-            g_j = gc[rows].permute(1, 0)[:, None, :]
-            gam = torch.tril(torch.exp(torch.tril(g_i - g_j)))  # [H_v, n, n], 0 above the diagonal
-            agb[rows, :, :n] = a0b[rows, :, :n] * gam.permute(1, 0, 2)
-    return agb
 
 
 def run(kern, k, g, beta, cu_seqlens, chunk_indices):
