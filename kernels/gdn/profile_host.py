@@ -171,6 +171,22 @@ def parse_configs(text: str) -> list[tuple[int, int, list[int]]]:
     return configs
 
 
+def _provenance() -> dict:
+    """What a reading of host time depends on: the device, the host's Python and the libraries on the path."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return {"device": torch.cuda.get_device_name(), "python": sys.version.split()[0], "torch": torch.__version__,
+            "tilelang": ver("tilelang"), "apache-tvm-ffi": ver("apache-tvm-ffi"),
+            "timers": "host: perf_counter over N calls after 5 warm-up calls; cuda-events: N calls back to back; "
+                      "graph: N replays of one captured call"}  # fmt: skip
+
+
 def main(argv: list[str]) -> None:
     """OUT.json [CONFIGS]: with CONFIGS (parse_configs' form), whole_call on each; without, session 5's
     step-by-step host_breakdown on its two configs."""
@@ -179,6 +195,9 @@ def main(argv: list[str]) -> None:
         results = [whole_call(h_qk, h_v, s) for h_qk, h_v, s in parse_configs(argv[1])]
     else:
         results = [host_breakdown(h_qk, h_v, s) for h_qk, h_v, s in ((16, 64, [65]), (2, 8, [1024] * 8))]
+    provenance = _provenance()
+    for r in results:
+        r["provenance"] = provenance
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     for r in results:
