@@ -70,6 +70,10 @@ class Row:
     ci_low_ms: float | None = None
     ci_high_ms: float | None = None
     samples_ms: list[float] = field(default_factory=list)
+    # the median host time of the library call itself over the timed calls (cuda-events and cpu-wall rows; None
+    # for cuda-graph and rows written before it was recorded). On a cuda-events row, a value near or above
+    # median_ms says the GPU waited for the host: the row measures the library's host path, not its kernels.
+    host_median_ms: float | None = None
     first_call_ms: float | None = None  # includes JIT / autotune / compile
     # derived
     tflops: float | None = None

@@ -8,6 +8,7 @@ results file are skipped.
 from __future__ import annotations
 
 import datetime as _dt
+import statistics
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -143,6 +144,7 @@ def measure_point(
     setups = _setup_all(wl, seed, opts, sessions, cb)
     passing = [b for b in opts.backends if setups[b].status == Status.PASSED.value]
     samples: dict[tuple[str, str], list[float]] = {}
+    host: dict[tuple[str, str], list[float]] = {}
     failures: dict[tuple[str, str], tuple[str, str]] = {}
     if not opts.numerics_only and passing:
         rounds = min(opts.rounds, opts.reps)
@@ -155,7 +157,9 @@ def measure_point(
                         continue
                     cb.backend_step(b, f"{timer} round {r + 1}/{rounds}")
                     try:
-                        samples.setdefault((b, timer), []).extend(sessions[b].sample(timer, per_round[r]))
+                        device_ms, host_ms = sessions[b].sample(timer, per_round[r])
+                        samples.setdefault((b, timer), []).extend(device_ms)
+                        host.setdefault((b, timer), []).extend(host_ms)
                     except WorkerFailure as exc:
                         failures[(b, timer)] = (exc.status.value, exc.reason)
                     except Exception as exc:
@@ -179,7 +183,7 @@ def measure_point(
             if (b, timer) in failures:
                 row.status, row.reason = failures[(b, timer)]
             elif (b, timer) in samples and s.status == Status.PASSED.value:
-                _fill_timing(row, samples[(b, timer)], wl, opts)
+                _fill_timing(row, samples[(b, timer)], wl, opts, host.get((b, timer), []))
             rows.append(row)
     return rows
 
@@ -207,8 +211,11 @@ def _setup_all(wl: Workload, seed: int, opts: RunOptions, sessions: dict, cb: Ca
     return {b: setups[b] for b in opts.backends}
 
 
-def _fill_timing(row: Row, samples_ms: list[float], wl: Workload, opts: RunOptions) -> None:
+def _fill_timing(
+    row: Row, samples_ms: list[float], wl: Workload, opts: RunOptions, host_ms: list[float] | None = None
+) -> None:
     st = summarize(samples_ms)
+    row.host_median_ms = statistics.median(host_ms) if host_ms else None
     row.samples_ms = [round(x, 6) for x in samples_ms]
     row.median_ms, row.min_ms, row.mean_ms = st.median, st.minimum, st.mean
     row.q1_ms, row.q3_ms, row.ci_low_ms, row.ci_high_ms = st.q1, st.q3, st.ci_low, st.ci_high

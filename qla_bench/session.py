@@ -183,14 +183,16 @@ class BackendSession:
             cmp.status.value, cmp.reason, cmp.rel_l2, cmp.max_abs, cmp.nonfinite, first_ms if keep else None, **base
         )
 
-    def sample(self, timer: str, reps: int) -> list[float]:
+    def sample(self, timer: str, reps: int) -> tuple[list[float], list[float]]:
+        """(the timer's per-call samples, the host's own time in each call; empty for cuda-graph), in ms."""
         if self.prepared is None:
             raise RuntimeError("sample() before a passing setup()")
         flusher = self._cold_flusher()
         fn = self.prepared.run
         if timer == "cuda-graph" and not self.prepared.graph_safe:
             raise RuntimeError(f"{self.backend.name} is not CUDA-graph capturable")
-        return time_callable(fn, timer, reps, self.device, flusher).samples_ms
+        result = time_callable(fn, timer, reps, self.device, flusher)
+        return result.samples_ms, result.host_ms
 
     def kernels(self, calls: int, warmup: int = 3, profiler: str = "torch") -> list[dict]:
         """Per kernel of one call of the prepared backend: launches and device us (kernel_profile), with the

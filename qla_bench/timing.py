@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +25,10 @@ class TimingResult:
     timer: str
     l2: str  # 'cold' | 'warm' | 'n/a'
     samples_ms: list[float]
+    # per sample, the host's own time in the call (entry to return, no synchronisation): where it reaches the
+    # cuda-events sample the GPU waited for the host, and the sample measures the host. Empty for cuda-graph
+    # (a replay has no host work of the library's).
+    host_ms: list[float] = field(default_factory=list)
 
 
 class L2Flusher:
@@ -47,7 +51,7 @@ def time_cpu_wall(fn: Callable[[], Any], reps: int, warmup: int = 1) -> TimingRe
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e3)
-    return TimingResult("cpu-wall", "n/a", out)
+    return TimingResult("cpu-wall", "n/a", out, host_ms=list(out))
 
 
 def time_cuda_events(fn: Callable[[], Any], reps: int, flusher: L2Flusher | None, warmup: int = 3) -> TimingResult:
@@ -57,14 +61,18 @@ def time_cuda_events(fn: Callable[[], Any], reps: int, flusher: L2Flusher | None
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    host = [0.0] * reps
     for i in range(reps):
         if flusher is not None:
             flusher()
         starts[i].record()
+        t0 = time.perf_counter()
         fn()
+        host[i] = (time.perf_counter() - t0) * 1e3
         ends[i].record()
     torch.cuda.synchronize()
-    return TimingResult("cuda-events", "cold" if flusher else "warm", [s.elapsed_time(e) for s, e in zip(starts, ends)])
+    return TimingResult("cuda-events", "cold" if flusher else "warm", [s.elapsed_time(e) for s, e in zip(starts, ends)],
+                        host_ms=host)  # fmt: skip
 
 
 def _capture(body: Callable[[], None], stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:

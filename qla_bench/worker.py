@@ -201,7 +201,7 @@ class IsolatedSession:
         except WorkerFailure as exc:
             return SetupResult(exc.status.value, exc.reason)
 
-    def sample(self, timer: str, reps: int) -> list[float]:
+    def sample(self, timer: str, reps: int) -> tuple[list[float], list[float]]:
         return self._request("sample", timer, reps)
 
     def kernels(self, calls: int, profiler: str = "torch") -> list[dict]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
 
-from qla_bench.rows import iter_rows
+from qla_bench.rows import Row, iter_rows
 from qla_bench.runner import RunOptions, points_from_rows, remeasure, run_sweep
 from qla_bench.sweeps import Sweep, parse_sweep
 
@@ -41,6 +42,20 @@ def test_statuses_and_only_passing_rows_are_timed(tmp_path, fake_backends):
         assert by[("fake-missing", label)].status == "UNSUPPORTED"
         for b in ("fake-wrong", "fake-nan", "fake-raise", "fake-oom", "fake-missing"):
             assert by[(b, label)].median_ms is None and by[(b, label)].samples_ms == []
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_rows_record_the_host_time_of_the_call(tmp_path, isolate):
+    """host_median_ms is the median of the host's own time per timed call (through a worker too); for the
+    cpu-wall timer that is the sample itself; a row written before the field existed loads with None."""
+    rows = run_sweep(_sweep(seqlens=["1x70"]), _opts(["torch"], isolate=isolate, timeout_s=60), tmp_path / "r.jsonl")
+    (row,) = rows
+    assert row.status == "PASSED" and row.host_median_ms is not None
+    assert row.host_median_ms == pytest.approx(statistics.median(row.samples_ms), rel=1e-4, abs=1e-6)
+    (back,) = iter_rows(tmp_path / "r.jsonl")
+    assert back.host_median_ms == row.host_median_ms
+    old = {k: v for k, v in row.to_dict().items() if k != "host_median_ms"}
+    assert Row.from_dict(old).host_median_ms is None
 
 
 def test_impossible_points_become_unsupported_rows(tmp_path):

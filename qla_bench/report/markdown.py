@@ -29,7 +29,7 @@ from .grid import (
     latency_cell,
     ratio,
 )
-from .host_bound import HOST_BOUND_RATIO, host_bound_rows
+from .host_bound import HOST_BOUND_RATIO, HOST_TIME_FRACTION, host_bound_rows, host_timed_rows
 from .provenance import env_line, merged_env_flags, merged_versions, timer_summary, versions_line
 
 STATUS_ORDER = [s.value for s in Status]
@@ -306,14 +306,38 @@ def throttle_section(rows: Sequence[Row]) -> list[str]:
 
 
 def host_bound_section(rows: Sequence[Row], threshold: float = HOST_BOUND_RATIO) -> list[str]:
-    flagged, pairs = host_bound_rows(rows, threshold)
-    out = ["## Host-bound rows", ""]
-    if not pairs:
-        return [*out, "No config was timed with both cuda-events and cuda-graph at one commit.", ""]
+    return ["## Host-bound rows", "", *_host_pairs_part(rows, threshold), *_host_time_part(rows)]
+
+
+def _host_time_part(rows: Sequence[Row], fraction: float = HOST_TIME_FRACTION) -> list[str]:
+    """Events rows that recorded the host's own time per call, where it reaches `fraction` of their median."""
+    flagged, recorded = host_timed_rows(rows, fraction)
+    if not recorded:
+        return []
     if not flagged:
-        return [*out, f"None of the {pairs} configs timed with both timers at one commit reads >= {threshold:g}x "
-                      "slower under cuda-events than under cuda-graph.", ""]  # fmt: skip
-    out += [
+        return [f"Of the {recorded} cuda-events rows that record the host's time per call, none spends "
+                f">= {fraction:.0%} of its median in the host.", ""]  # fmt: skip
+    out = [f"**{len(flagged)} of {recorded}** cuda-events rows that record the host's time per call spend >= "
+           f"{fraction:.0%} of their median in the library's host path (the call's entry to return): their latency "
+           "is at least partly host time.", ""]  # fmt: skip
+    body = [
+        [display_name(r.backend), _config_text(r), r.git_sha or "-", format_ms(r.median_ms),
+         format_ms(r.host_median_ms), f"{r.host_median_ms / r.median_ms:.2f}"]
+        for r in flagged
+    ]  # fmt: skip
+    header = ["backend", "config", "commit", "events", "host per call", "host / events"]
+    return [*out, *_details(f"{len(flagged)} rows", md_table(header, body, "lllrrr"), limit=20)]
+
+
+def _host_pairs_part(rows: Sequence[Row], threshold: float) -> list[str]:
+    """Configs timed with both GPU timers at one commit whose events median is >= threshold x the graph's."""
+    flagged, pairs = host_bound_rows(rows, threshold)
+    if not pairs:
+        return ["No config was timed with both cuda-events and cuda-graph at one commit.", ""]
+    if not flagged:
+        return [f"None of the {pairs} configs timed with both timers at one commit reads >= {threshold:g}x "
+                "slower under cuda-events than under cuda-graph.", ""]  # fmt: skip
+    out = [
         f"**{len(flagged)} of {pairs}** configs timed with both timers at one commit read >= {threshold:g}x slower "
         "under cuda-events than under cuda-graph: the GPU waited for the library's host work (argument handling, "
         "allocations, launches), so their events latency is host time (it moves between processes), not kernel time.",

@@ -40,3 +40,19 @@ def test_report_lists_them_and_says_when_there_is_nothing_to_pair(row, rows):
     section = text.split("## Host-bound rows")[1].split("\n## ")[0]
     assert "**1 of 1**" in section and "1.71x" in section and "0.108" in section
     assert "No config was timed with both" in render_markdown(rows)
+
+
+def test_events_rows_that_record_their_host_time_are_flagged_by_its_share(row):
+    """host_timed_rows needs no graph row: an events row whose host time per call reaches 90 % of its median."""
+    from qla_bench.report.host_bound import host_timed_rows
+
+    host_bound = row("qla", (2048,), 0.075, timer="cuda-events", host_median_ms=0.072)
+    gpu_bound = row("qla", (8192,), 0.300, timer="cuda-events", host_median_ms=0.070)
+    unrecorded = row("fla", (2048,), 0.500, timer="cuda-events")
+    graph = row("qla", (1024,), 0.070, timer="cuda-graph", host_median_ms=0.070)  # not an events row
+    flagged, recorded = host_timed_rows([host_bound, gpu_bound, unrecorded, graph])
+    assert recorded == 2 and [r.label for r in flagged] == ["1x2048"]
+    section = render_markdown([host_bound, gpu_bound]).split("## Host-bound rows")[1].split("\n## ")[0]
+    assert "**1 of 2**" in section and "0.96" in section and "0.072" in section
+    quiet = render_markdown([gpu_bound]).split("## Host-bound rows")[1].split("\n## ")[0]
+    assert "none spends >= 90% of its median in the host" in quiet
