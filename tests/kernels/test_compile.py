@@ -4,6 +4,7 @@ Also guards the resource budget: no register spills, and shared memory within an
 """
 
 import importlib.util
+import re
 
 import pytest
 
@@ -233,6 +234,9 @@ def test_kkt_solve_v10_compiles(dtype):
     assert rep.source.count("wgmma_ss<tl::DataType::kFloat16, tl::DataType::kFloat16") == fp16_products, rep.line()
     assert rep.source.count("__syncthreads()") <= 24, rep.line()
     assert "exp2" in rep.source, "the gate goes into L before the inverse"
+    # L' leaves the accumulator as paired fp16 stores (session 27: the select form stored 2 bytes at a time and
+    # was the CTA's longest phase)
+    assert not re.search(r"\(\(half_t\*\)l_sh\)\[[^\n]*\] = ", rep.source), "scalar stores into L'"
 
 
 @pytest.mark.parametrize(("impl", "dtype"), [("v4", "bfloat16"), ("v4", "float16"), ("v4t", "bfloat16")])
