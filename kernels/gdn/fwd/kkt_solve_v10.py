@@ -197,8 +197,8 @@ def kkt_solve_v10_program(dk: int, dtype: str, min_blocks_per_sm: int = 4, cpu_d
             # L' = StrictLower(diag(beta) (Gamma o K K^T)) in fp16, branch-free so the stores pair up (session 27's
             # profile: the select around exp2 compiled to a branch per element and 64 scalar 2-byte stores a thread
             # with X's zeros, the longest phase of the CTA; any select keeps TileLang from pairing the stores): the
-            # strict-lower mask m multiplies the exponent (0 on and above the diagonal, so exp2 stays finite there)
-            # and the product; X = 0 as a fill of its own
+            # strict-lower mask (i > j as 0 or 1) multiplies the exponent (0 on and above the diagonal: exp2 stays
+            # finite) and the product; X = 0 as a fill of its own
             for i, j in T.Parallel(C, C):
                 l_sh[i, j] = T.cast(
                     kk[i, j] * b_sh[i] * T.exp2((gc_sh[i] - gc_sh[j]) * T.cast(i > j, acc) * LOG2E)
