@@ -109,8 +109,14 @@ def test_time_v10():
     out_dir = os.environ.get("OUT") or "out"
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kkt_v10_timing.json"), "w") as fh:
-        json.dump({"timer": "cuda-events, L2 flushed, median of 50", "device": torch.cuda.get_device_name(),
-                   "rows": rows}, fh, indent=1)  # fmt: skip
+        json.dump({"timer": "cuda-events, L2 flushed, median of 50", **_provenance(), "rows": rows}, fh, indent=1)
+
+
+def _provenance() -> dict:
+    """What a results file needs beside its rows: the device, the commit and the library versions."""
+    from qla_bench.provenance import git_sha, library_versions
+
+    return {"device": torch.cuda.get_device_name(), "git_sha": git_sha(), "versions": library_versions()}
 
 
 def _phase_rows(h_qk, h_v, lens):
@@ -135,4 +141,4 @@ def test_profile_v10_phases():
     out_dir = os.environ.get("OUT") or "out"
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kkt_v10_phases.json"), "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
+        json.dump({"timer": "clock64 stamps per CTA (profile builds)", **_provenance(), "rows": rows}, fh, indent=1)
