@@ -103,6 +103,37 @@ if [ -n "${S23_CP_PIECES:-}" ]; then
   exit 0
 fi
 
+# Session 28 (S28_WS=1): the warp-specialised fused backward ($QLA_BWD_FUSED=ws, bwd/fused_ws.py; CPU-checked and
+# compiled, never run): the float64 checks of the whole backward with it (plain, then CP; a hang in its hand-offs
+# is killed at the step's limit), the profile build's phases per role, then the harness's qwen35-bwd rows on $WS_HEADS three ways (ws, the fused walk,
+# the stages) in one call, then the kernel table at 16/32 with it. Cache: `--only "bwd fused ws"` (with its profile),
+# `--only "bwd fused walk"`, `--only "pass A"`, plus the staged backward's (`--only "bwd chunk grads rev8"`).
+if [ -n "${S28_WS:-}" ]; then
+  STEP_ENV=QLA_BWD_FUSED=ws step ws-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
+  STEP_ENV=QLA_BWD_FUSED=ws step ws-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
+  budget=$(left)
+  if (( budget >= 60 )); then  # the roles' phases per chunk (the profile build), beside the fused walk's
+    timeout -s KILL 60 python -m qla_kernels.gdn.profile_bwd --ws "$dest/ws-phases.json" > "$dest/ws-phases.log" 2>&1
+    echo "ws-phases rc=$? t=$(( $(date +%s) - t0 )) s"
+  fi
+  for v in ws 1 0; do
+    budget=$(left); (( budget < 40 )) && { echo "skip bwd-fused$v: out of time"; continue; }
+    lim=$(( budget < 120 ? budget : 120 ))
+    rows=$(mktemp -d /tmp/bwd-ws$v-XXXX)
+    QLA_BWD_FUSED=$v timeout -s KILL "$lim" python cli.py bwd --backends qla --sweep qwen35-bwd \
+      --heads "${WS_HEADS:-16/32,2/4}" --timers events --out "$rows" --no-report > "$dest/bwd-fused$v.log" 2>&1
+    echo "bwd-fused$v rc=$? t=$(( $(date +%s) - t0 )) s"
+    cat "$rows"/*.jsonl > "$dest/bwd-fused$v.jsonl" 2>/dev/null
+  done
+  budget=$(left)
+  if (( budget >= 30 )); then
+    QLA_BWD_FUSED=ws timeout -s KILL "$budget" python cli.py kernels --mode bwd --backends qla --heads 16/32 \
+      --seqlens 1x32768,8192x4 --calls 5 -o "$dest/kernels-ws" > "$dest/kernels-ws.log" 2>&1
+    echo "kernels-ws rc=$? t=$(( $(date +%s) - t0 )) s"
+  fi
+  exit 0
+fi
+
 # Session 23 (S23_FUSED=1): the fused backward ($QLA_BWD_FUSED=1, off by default until this runs): the float64
 # checks of the whole backward with it (plain, then CP), then the harness's qwen35-bwd rows with it (all 32 configs,
 # to set against the committed staged rows of the same GPU; with FUSED_AB=1 instead both ways, one after the other,

@@ -144,6 +144,10 @@ def variants() -> list[tuple[str, str, tuple]]:
     out.append(("bwd fused walk profile", "bwd_chunk_grads_kernel",  # profile_bwd --fused
                 (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", threads, False, True, tile, hoist, tma, dw_beta, gamma_frag,
                  False, scan, True, False, 2, False, False, True, False, True)))  # fmt: skip
+    for dt in ("bfloat16", "float16"):  # the warp-specialised fused backward ($QLA_BWD_FUSED=ws, bwd_api._fused_walk)
+        out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd fused ws", "bwd_fused_ws_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, dt)))  # fmt: skip
+    out.append(("bwd fused ws profile", "bwd_fused_ws_kernel", (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, True)))
     for dt in ("bfloat16", "float16"):  # stage 2 rev 11 (bwd_api.WS_GRADS_REVS: its own program)
         out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev11 ws", "bwd_chunk_grads_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, dt)))  # fmt: skip
@@ -180,7 +184,7 @@ def variants() -> list[tuple[str, str, tuple]]:
 
 
 def factory(name: str):
-    from qla_kernels.gdn.bwd import agb, chunk_grads, chunk_grads_ws, dstate_chain, dvl_wk, group_sum
+    from qla_kernels.gdn.bwd import agb, chunk_grads, chunk_grads_ws, dstate_chain, dvl_wk, fused_ws, group_sum
     from qla_kernels.gdn.fwd import (
         cp_combine,
         fused_fwd,
@@ -197,7 +201,7 @@ def factory(name: str):
 
     modules = (kkt_solve, kkt_solve_v3, kkt_solve_v7, kkt_solve_v8, kkt_solve_v9, kkt_solve_v10, fused_fwd_ws,
                fused_fwd_ws7, fused_fwd_vs, fused_fwd, cp_combine, dstate_chain, chunk_grads, chunk_grads_ws, dvl_wk,
-               group_sum, agb)  # fmt: skip
+               group_sum, agb, fused_ws)  # fmt: skip
     for mod in modules:
         if hasattr(mod, name):
             return getattr(mod, name)

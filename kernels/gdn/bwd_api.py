@@ -162,9 +162,11 @@ DEFAULT_BWD_OVERLAP = False
 # are pass A, and the walk replaces pass B). "1" runs it, "0" the three stages. Off by default
 # (DEFAULT_BWD_FUSED) until measured on a GPU against the stages (NOTES.md, session 23). Pieces by
 # bwd_cp_plan.choose_fused_cp. "2" is the walk with the next chunk's K, S, Q and dO loaded during the step's dg
-# tail (bwd_chunk_grads_program's prefetch), for an A/B against "1".
+# tail (bwd_chunk_grads_program's prefetch), for an A/B against "1". "ws" (session 28, bwd/fused_ws.py) is the same
+# walk and math warp-specialised: the chain, the K side, the A side and a TMA producer in one CTA, concurrently
+# (CPU-checked and compiled, not yet run on a GPU).
 BWD_FUSED_ENV = "QLA_BWD_FUSED"
-BWD_FUSED_CHOICES = ("0", "1", "2")
+BWD_FUSED_CHOICES = ("0", "1", "2", "ws")
 DEFAULT_BWD_FUSED = "0"
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
@@ -316,8 +318,8 @@ def resolve_bwd_overlap() -> bool:
 
 
 def resolve_bwd_fused_mode() -> str:
-    """$QLA_BWD_FUSED: "0" the staged backward, "1" the fused walk, "2" the fused walk with its loads prefetched;
-    unset DEFAULT_BWD_FUSED; anything else a ValueError naming the choices."""
+    """$QLA_BWD_FUSED: "0" the staged backward, "1" the fused walk, "2" the fused walk with its loads prefetched,
+    "ws" the warp-specialised walk; unset DEFAULT_BWD_FUSED; anything else a ValueError naming the choices."""
     value = env_text(BWD_FUSED_ENV) or DEFAULT_BWD_FUSED
     if value not in BWD_FUSED_CHOICES:
         raise ValueError(f"${BWD_FUSED_ENV} must be one of {list(BWD_FUSED_CHOICES)} (or unset: "
@@ -514,11 +516,14 @@ def fused_walk_program_args(scale: float, dtype: str, prefetch: bool = False) ->
     return args, {"lean": True, "fused": True, "prefetch": prefetch}
 
 
-def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, scale: float, prefetch: bool):
+def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, scale: float, prefetch: bool,
+                ws: bool = False):  # fmt: skip
     """The fused walk over the sequences or pieces `cu` (chunk_offsets: their first chunks' indices in states):
     slots [P,H_v,K,V] fp32 holds each piece's end gradient and leaves with its start gradient. Returns dq, dk per
-    value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype."""
+    value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype. ws: the
+    warp-specialised program (bwd/fused_ws.py), same signature."""
     from .bwd.chunk_grads import bwd_chunk_grads_kernel
+    from .bwd.fused_ws import bwd_fused_ws_kernel
 
     nt, h_v = vf.shape[1], vf.shape[2]
     dq = torch.empty(1, nt, h_v, HEAD_DIM, dtype=torch.float32, device=qf.device)
@@ -526,16 +531,19 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
     dv = torch.empty_like(vf)
-    args, kwargs = fused_walk_program_args(scale, _TL_DTYPE[qf.dtype], prefetch)
-    kernel = bwd_chunk_grads_kernel(*args, **kwargs)
+    if ws:
+        kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype])
+    else:
+        args, kwargs = fused_walk_program_args(scale, _TL_DTYPE[qf.dtype], prefetch)
+        kernel = bwd_chunk_grads_kernel(*args, **kwargs)
     kernel(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, dq, dk, dbeta, dg, dv)
     return dq, dk, dbeta, dg, dv
 
 
 def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: float, cp: bool | None,
-               cp_piece: int | None, prefetch: bool):  # fmt: skip
+               cp_piece: int | None, prefetch: bool, ws: bool = False):  # fmt: skip
     """The fused backward on packed inputs: (dq, dk per value head, dbeta, dg, dv, dh0); prefetch is
-    $QLA_BWD_FUSED=2's walk."""
+    $QLA_BWD_FUSED=2's walk, ws $QLA_BWD_FUSED=ws's."""
     h_v = vf.shape[2]
     cpp = _bwd_cp_plan(plan, h_v, qf.device, cp, cp_piece, fused=True)
     if cpp is None:
@@ -545,7 +553,7 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
         else:
             slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device=qf.device)
         *grads, dv = _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, plan.cu_seqlens, plan.chunk_offsets,
-                                 scale, prefetch)  # fmt: skip
+                                 scale, prefetch, ws)  # fmt: skip
         return (*grads, dv, slots)
     from .bwd.dstate_chain import bwd_dstate_kernel
     from .cp_bwd import dstate_cp, states_cp
@@ -565,7 +573,7 @@ def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: flo
         if ends is not None:  # pass B: the fused walk from every piece's exact end gradient
             slots = ends.contiguous()
             out.extend(_fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cpp.cu_seqlens, cpp.chunk_offsets,
-                                   scale, prefetch))  # fmt: skip
+                                   scale, prefetch, ws))  # fmt: skip
             return None, slots
         # pass A: the chain from zero over the pieces, storing only every piece's start gradient (ds_next is a
         # one-chunk stand-in: the kernel never writes it)
@@ -690,7 +698,7 @@ def chunk_gated_delta_rule_bwd(
     fused = resolve_bwd_fused_mode()
     if fused != "0":
         dq, dk, dbeta, dg, dv, dh0 = _bwd_fused(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, scale, cp,
-                                                cp_piece, prefetch=fused == "2")  # fmt: skip
+                                                cp_piece, prefetch=fused == "2", ws=fused == "ws")  # fmt: skip
         dq, dk = _group_sums(dq, dk, b, t, h_qk, q.dtype)
         return BwdOutput(dq=dq, dk=dk, dv=dv.view(v.shape), dbeta=dbeta.view(b, t, h_v), dg=dg.view(b, t, h_v),
                          dh0=dh0 if initial_state is not None else None)  # fmt: skip

@@ -9,6 +9,7 @@ tool: the stamps add a barrier each, so its numbers go to NOTES.md, never into r
     python -m qla_kernels.gdn.profile_bwd OUT.json [rev1,rev2,...: bwd_api.GRADS_FLAGS keys]
     python -m qla_kernels.gdn.profile_bwd --kernels OUT.json   # every kernel of one whole backward
     python -m qla_kernels.gdn.profile_bwd --fused OUT.json     # the fused walk's step by phase ($QLA_BWD_FUSED)
+    python -m qla_kernels.gdn.profile_bwd --ws OUT.json        # the warp-specialised walk's roles by phase
 """
 
 from __future__ import annotations
@@ -118,6 +119,57 @@ def profile_fused_walk(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -
     }
 
 
+def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> dict:
+    """The warp-specialised walk's profile build ($QLA_BWD_FUSED=ws's kernel, bwd/fused_ws.py): the mean cycles
+    per chunk of each phase of each consumer warpgroup (fused_ws.PHASES), over every CTA (no CP). The roles run
+    concurrently, so a chunk step is each role's sum, not the sum over roles; the waits say who waits for whom."""
+    from .bwd.fused_ws import PHASES, bwd_fused_ws_kernel
+
+    t = sum(seqlens)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    q = torch.nn.functional.normalize(rnd(1, t, h_qk, HEAD_DIM), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(rnd(1, t, h_qk, HEAD_DIM), dim=-1).bfloat16()
+    v, do = rnd(1, t, h_v, HEAD_DIM).bfloat16(), rnd(1, t, h_v, HEAD_DIM).bfloat16()
+    g = -torch.rand(1, t, h_v, device="cuda", generator=gen) * 0.1
+    beta = torch.rand(1, t, h_v, device="cuda", generator=gen)
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)
+    scale = HEAD_DIM**-0.5
+    plan = _plan(q, cu)
+    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
+    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
+    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, None, plan, scale)
+    dq = torch.empty(1, t, h_v, HEAD_DIM, dtype=torch.float32, device="cuda")
+    dk, dv = torch.empty_like(dq), torch.empty_like(vf)
+    dbeta = torch.empty(1, t, h_v, dtype=torch.float32, device="cuda")
+    dg = torch.empty_like(dbeta)
+    ctas = plan.num_seqs * h_v
+    kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], profile=True)
+    width = max(len(p) for p in PHASES)
+    for _ in range(2):  # the first launch loads the module
+        slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
+        prof = torch.zeros(ctas, 3, width, dtype=torch.int64, device="cuda")
+        kernel(qf, kf, vf, gf, bf, af, dof, states, slots, plan.cu_seqlens, plan.chunk_offsets, dq, dk, dbeta, dg, dv,
+               prof)  # fmt: skip
+    torch.cuda.synchronize()
+    cycles = prof.double().mean(0) * ctas / plan.num_chunks / h_v  # per chunk step
+    roles = ("chain (WG0)", "K side (WG1)", "A side (WG2)")
+    return {
+        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "ctas": ctas, "kernel": "fused ws (rev 12 math)"},
+        "mean_cycles_per_chunk_phase": {
+            role: {name: round(cycles[r, i].item(), 1) for i, name in enumerate(PHASES[r])}
+            for r, role in enumerate(roles)
+        },
+        "mean_cycles_per_chunk": {role: round(cycles[r].sum().item(), 1) for r, role in enumerate(roles)},
+        "clock_note": "clock64 cycles of each warpgroup's first thread, summed over each CTA's chunks; no barrier "
+        "added (the profile build spills ~240 B of its phase sums: an upper bound of the plain build's step)",
+    }
+
+
 def kernel_breakdown(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, reps: int = 5) -> dict:
     """GPU time of every kernel one whole backward (bwd_api.chunk_gated_delta_rule_bwd, the defaults) launches,
     from torch.profiler's CUDA activity, averaged over reps calls: the stages, and what runs between them
@@ -169,6 +221,16 @@ def main(argv: list[str]) -> None:
             print(r["config"], "sum of kernels", r["sum_us"], "us")
             for k in r["kernels_us"]:
                 print(f"  {k['us_per_call']:9.1f} us  x{k['launches_per_call']}  {k['kernel']}")
+        return
+    if argv and argv[0] == "--ws":
+        path = argv[1] if len(argv) > 1 else "bwd_ws_phases.json"
+        results = [profile_fused_ws(16, 32, lens) for lens in ([8192] * 4, [2048] * 4)]
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+        for r in results:
+            print(r["config"], "mean cycles per chunk", r["mean_cycles_per_chunk"])
+            for role, phases in r["mean_cycles_per_chunk_phase"].items():
+                print(f"  {role}: " + ", ".join(f"{n} {c:.0f}" for n, c in phases.items()))
         return
     if argv and argv[0] == "--fused":
         path = argv[1] if len(argv) > 1 else "bwd_fused_phases.json"

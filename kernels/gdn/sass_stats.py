@@ -194,6 +194,12 @@ def _fused_walk() -> tuple[object, dict]:
     return bwd_chunk_grads_program(*args, **kwargs), MERGED_PASS_CONFIGS
 
 
+def _fused_ws() -> tuple[object, dict]:
+    from .bwd.fused_ws import PASS_CONFIGS, bwd_fused_ws_program
+
+    return bwd_fused_ws_program(128, 128, 128**-0.5, "bfloat16"), PASS_CONFIGS
+
+
 # name -> (what it is, program factory)
 NAMES: dict[str, tuple[str, Callable[[], tuple[object, dict]]]] = {
     "vs1": ("forward, state split over two warpgroups, Agb from stage 1", lambda: _vs(False)),
@@ -202,6 +208,7 @@ NAMES: dict[str, tuple[str, Callable[[], tuple[object, dict]]]] = {
     "vs4": ("vs3 with kkt v10's inverse (gate inside L', fp16 whole-tile doublings)", lambda: _vs(True, True, True)),
     "ws12": ("forward's default fused kernel (rev 9, BV = 128)", _ws12),
     "fused-walk": ("the fused backward walk ($QLA_BWD_FUSED=1)", _fused_walk),
+    "fused-ws": ("the warp-specialised fused backward ($QLA_BWD_FUSED=ws)", _fused_ws),
 }
 
 

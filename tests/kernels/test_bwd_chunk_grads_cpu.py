@@ -22,6 +22,7 @@ if shutil.which("g++") is None:
 import tilelang
 
 from qla_kernels.gdn.bwd.chunk_grads import PASS_CONFIGS, bwd_chunk_grads_program
+from qla_kernels.gdn.bwd.fused_ws import bwd_fused_ws_program
 from qla_kernels.gdn.bwd_chunked import _chunk, _chunk_bwd
 from qla_kernels.gdn.plan import build_plan_from_list
 
@@ -148,11 +149,9 @@ def fused_kernel():
     return tilelang.compile(program, target="c", pass_configs=cfg)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}")
-def test_fused_walk_matches_float64(fused_kernel, case):
-    """The fused backward (session 23): one CTA per (sequence, value head) walks the chunks last to first, carrying
-    dS' in fp32 through its slot of ds_slots (dht in, dh0 out) while it forms every chunk's gradients and dv; the
-    chunk start states are inputs. Every gradient, dv and dh0 against float64."""
+def check_fused(kernel, case):
+    """Run a fused backward program (the fused walk's signature) on the case; every gradient, dv and dh0 against
+    float64."""
     cu, h_qk, h_v = case
     q, k, v, gc, beta, a0, do, ds_last = make(cu, h_qk, h_v, seed=len(cu) + 10 * h_v)
     states, _, ref = reference(q, k, v, gc, beta, a0, do, ds_last, cu, extra=True)
@@ -161,8 +160,31 @@ def test_fused_walk_matches_float64(fused_kernel, case):
     out = {n: torch.full((1, nt, h_v, D), float("nan")) for n in ("dq", "dk", "dv")}
     out.update({n: torch.full((1, nt, h_v), float("nan")) for n in ("dbeta", "dg")})
     slots = torch.stack(ds_last).float()  # dht in; dh0 out
-    fused_kernel(q, k, v, gc, beta, a0, do, states.float(), slots, plan.cu_seqlens, plan.chunk_offsets,
-                 out["dq"], out["dk"], out["dbeta"], out["dg"], out["dv"])  # fmt: skip
+    kernel(q, k, v, gc, beta, a0, do, states.float(), slots, plan.cu_seqlens, plan.chunk_offsets,
+           out["dq"], out["dk"], out["dbeta"], out["dg"], out["dv"])  # fmt: skip
     out["dh0"] = slots
     errs = {n: rel(out[n][0] if n != "dh0" else out[n], ref[n]) for n in ref}
     assert all(e < 1e-4 for e in errs.values()), errs
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}")
+def test_fused_walk_matches_float64(fused_kernel, case):
+    """The fused backward (session 23): one CTA per (sequence, value head) walks the chunks last to first, carrying
+    dS' in fp32 through its slot of ds_slots (dht in, dh0 out) while it forms every chunk's gradients and dv; the
+    chunk start states are inputs. Every gradient, dv and dh0 against float64."""
+    check_fused(fused_kernel, case)
+
+
+@pytest.fixture(scope="module")
+def fused_ws_kernel():
+    cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
+    return tilelang.compile(bwd_fused_ws_program(D, D, SCALE, "float32", cpu_debug=True), target="c",
+                            pass_configs=cfg)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}")
+def test_fused_ws_matches_float64(fused_ws_kernel, case):
+    """The warp-specialised fused backward (session 28, bwd/fused_ws.py): its role phases, run one after another
+    in an order the hand-offs allow, with the GPU build's buffer reuse (V's tile holding D_r Vn, Vn's dVn, P's T
+    and dKKt, dA0's dKKt + dKKt^T). Every gradient, dv and dh0 against float64."""
+    check_fused(fused_ws_kernel, case)

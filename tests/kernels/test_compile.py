@@ -550,3 +550,40 @@ def test_kkt_solve_v9_compiles(lean):
     assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.line()
     assert 0 < rep.registers <= 65536 // (128 * 4), rep.line()
     assert 0 < rep.dyn_smem_bytes <= 227 * 1024 // 4 - 1024, rep.line()
+
+
+def test_bwd_fused_ws_compiles():
+    """The warp-specialised fused backward ($QLA_BWD_FUSED=ws): within shared memory with every tile single-buffered
+    (no merged plan), wgmma in every role, eight mbarriers, no cross-warp reduction (its bar.sync ids 1 and 2 would
+    meet the roles' own named barriers) and spills only of the CTA's scalars (kernel-wide indices at the roles'
+    entries: tens of bytes, not a role's working set)."""
+    from qla_kernels.gdn.bwd.fused_ws import BAR_ASIDE, BAR_CHAIN, BAR_KSIDE, PASS_CONFIGS, bwd_fused_ws_program
+
+    rep = build_sm90a(bwd_fused_ws_program(128, 128, 128**-0.5, "bfloat16"), PASS_CONFIGS)
+    print(rep.line())
+    assert 0 < rep.dyn_smem_bytes <= SMEM_LIMIT - 8 * 16, rep.line()  # the mbarriers are static shared memory
+    assert rep.spill_stores <= 64 and rep.spill_loads <= 64, rep.line()
+    assert rep.source.count("uint64_t") >= 8 and "wgmma_rs" in rep.source and "wgmma_ss" in rep.source
+    assert "workspace" not in rep.source, "a cross-warp reduction came back"
+    # every named barrier id belongs to one role: the roles' own (wg_sync) each in their own chunk loop, and none
+    # of them among the ids TileLang picks for its syncs
+    from qla_kernels.gdn.sass_stats import chunk_loops
+
+    lines = rep.source.splitlines()
+    uses: dict[int, set[int]] = {}
+    for n, text in enumerate(lines, 1):
+        for bar_id, _count in re.findall(r"__sync_thread_partial\((\d+), (\d+)\)", text):
+            uses.setdefault(int(bar_id), set()).add(n)
+    loops = chunk_loops(rep.source)
+    ours = (BAR_CHAIN, BAR_KSIDE, BAR_ASIDE)
+    homes = []
+    for bar_id in ours:
+        assert uses.get(bar_id), f"named barrier {bar_id} is not used"
+        home = {i for i, (a, b) in enumerate(loops) for n in uses[bar_id] if a <= n <= b}
+        assert len(home) == 1 and all(any(a <= n <= b for a, b in loops) for n in uses[bar_id]), (bar_id, home)
+        homes.append(home.pop())
+    assert len(set(homes)) == 3
+    tilelang_ids = set(uses) - set(ours)
+    assert tilelang_ids and tilelang_ids.isdisjoint(ours)
+    assert rep.source.count("tma_load(") == 6  # the producer's tiles; the first chunk comes by element loads
+

@@ -1,0 +1,632 @@
+"""The warp-specialised fused backward (session 28; issue 6's gap): the fused walk's math in four roles.
+
+One CTA per (sequence or CP piece, value head) walks the piece's chunks last to first, as the fused walk does
+(bwd/chunk_grads.py, `fused`: rev 12's math and roundings), but its per-chunk work is split over three consumer
+warpgroups and a producer warp that run concurrently (FlashQLA's arrangement, NOTES.md session 27, on our math):
+
+  WG0 chain   dS' (the state gradient after the chunk) in fp32 registers for the whole walk. Per chunk: publishes
+              bf16(dS') and <S, dS'>, then dS = exp(gamma) dS' + Q^T (scale D dO) (high and low bf16 parts)
+              - K^T (D dW) once WG1 has D dW.
+  WG1 K side  dVn = P^T dO + D_r (K dS'); dW~ = (Gamma o A0)^T dVn, dbeta's first part rowsum(W o dW~), dv =
+              diag(beta) dW~ (stored), -D dW for the chain; <D dW, K S> (K S again); dk.
+  WG2 A side  (A0's upper triangle cleared), P = scale Gamma o Q K^T, W = V - D (K S), Vn = Ag W, dQK and the
+              pair terms from dO Vn^T; dAg from dVn W^T; the A0 path (dKKt, dbeta's second part); dq; dg and dbeta.
+  WG3 loads   one warp: the next chunk's tiles by TMA once every consumer is done with this chunk's, g and beta.
+
+Every input tile is single-buffered; the walk's first chunk (a sequence's last, possibly partial) is loaded by
+all threads, masked, before the roles split, so every later chunk is whole and comes by TMA. Hand-offs are
+mbarriers, each completing once a chunk (parity = the chunk's step % 2): ds_ready (WG0), a_ready and dq_ready
+(WG2), dvn_ready, dwd_ready and k_done (WG1), full (the producer) and inputs_free (all three consumers).
+
+Why single buffers and hand-off tiles can be reused: every consumer waits for `full` of step it + 1 before it
+writes anything of that step, and `full` of step it + 1 follows `inputs_free` of step it, which each consumer
+arrives at only after its last read of step it. Within a step, three buffers carry more than one value, in an
+order the hand-offs fix: V's tile takes D_r Vn (WG2, after its own W pass read V), Vn's takes dVn (WG1, after
+a_ready: WG2 has read Vn), P's takes T and then dKKt (WG2, after dvn_ready: WG1 has read P). Shared memory:
+226.8 KiB of the 227 (tests/kernels/test_compile.py checks it). dg's column sums of the pair terms need no
+cross-warp reduction (aside_dag says why), and the named barriers avoid the ids TileLang takes for its own.
+
+cpu_debug=True runs the same phase macros one after another in one thread of TileLang's C backend (GEMMs as
+loops, fp32 in and out, mbarriers and role branches dropped), in an order the hand-offs allow, so
+tests/kernels/test_bwd_chunk_grads_cpu.py checks the math and the buffer reuse against float64; what it cannot
+check is the GPU's concurrency (the hand-off protocol above).
+"""
+
+import tilelang
+import tilelang.language as T
+
+from ..fwd.fused_fwd import CHUNK, LOG2E, PASS_CONFIGS
+from .tl_common import build_helpers
+
+WG = 128
+# setmaxnreg budgets (x 128 threads each <= the 64 K register file): the chain holds dS' (128 fp32 a thread)
+NREG_CHAIN = 168
+NREG_KSIDE = 160
+NREG_ASIDE = 152
+NREG_LOAD = 32  # the g / beta / gate loads' 64-bit addresses spilled at 24
+# Phases of the profile build, per consumer warpgroup, in program order (each ends at a tick).
+PHASES = (
+    ("wait full", "publish dS', <S, dS'>", "exp(gamma) dS' + Q^T (scale D dO)", "wait dwd_ready", "- K^T (D dW)"),
+    ("wait full", "wait a_ready", "P^T dO, colsum", "wait ds_ready", "K dS', dVn", "dW~, dbeta, dv, -D dW",
+     "K S, row_b", "dk's D_r Vn dS'^T, x", "wait dq_ready", "dk's rest, store"),
+    ("wait full", "P, W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "A0 path", "dq", "wait ds_ready, k_done",
+     "dg, dbeta"),
+)  # fmt: skip
+NUM_PHASES = max(len(p) for p in PHASES)
+
+# named barriers within one warpgroup (0 is __syncthreads)
+# TileLang takes 1 and 2 for cross-warp reductions and one id per thread range for its own syncs (3-6 here: the
+# three warpgroups and the producer warp); a shared id would join two roles' barriers (test_compile checks)
+BAR_CHAIN, BAR_KSIDE, BAR_ASIDE = 12, 13, 14
+
+
+def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: bool = False, profile: bool = False):
+    """TileLang program with the fused walk's signature: (q, k, v, g_cumsum, beta, A0, dO, states, ds_slots
+    [P,H_v,K,V] fp32 (each piece's end gradient in, its start gradient out), cu_seqlens of the pieces [P+1],
+    chunk_offsets [P+1], dq_v, dk_v [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32, dv [1,T,H_v,V]).
+
+    profile=True (a measuring build, never what the backward runs) takes one more argument, prof [P * H_v, 3,
+    NUM_PHASES] int64: each consumer warpgroup's first thread sums the clock64 cycles of each phase of PHASES[role]
+    over the CTA's chunks (no barrier added: a phase that waits shows as its wait)."""
+    assert not (profile and cpu_debug)
+    assert NREG_CHAIN + NREG_KSIDE + NREG_ASIDE + NREG_LOAD <= 512
+    assert dk == dv == 2 * CHUNK
+    C = CHUNK
+    h_v = T.dynamic("h_v")
+    h_qk = T.dynamic("h_qk")
+    nt = T.dynamic("num_tokens")
+    ns = T.dynamic("num_pieces_p1")
+    nc = T.dynamic("num_chunks")
+    acc = "float32"
+    mm, alloc_sh, alloc_acc = build_helpers(cpu_debug)
+
+    def alloc_frag(shape, dt):
+        """A register fragment of dt on the GPU (a GEMM's register operand); a static shared buffer on the CPU."""
+        return alloc_sh(shape, dt) if cpu_debug else T.alloc_fragment(shape, dt)
+
+    @T.macro
+    def wg_sync(bar_id):
+        """This warpgroup's shared-memory writes are visible to its own next GEMM (async proxy) and threads."""
+        if not cpu_debug:
+            T.fence_proxy_async()
+            T.sync_threads(bar_id, WG)
+
+    @T.macro
+    def arrive(bar):
+        if not cpu_debug:
+            T.fence_proxy_async()  # generic writes before another role's wgmma or the next TMA load
+            T.barrier_arrive(bar)
+
+    @T.macro
+    def wait(bar, parity):
+        if not cpu_debug:
+            T.barrier_wait(bar, parity)
+
+    @T.macro
+    def row_sum(src, out, red):
+        """out[i] = sum_j src[i, j] (src a fragment; out in shared memory; red a fragment of out's shape)."""
+        if cpu_debug:
+            for a in T.Parallel(src.shape[0]):
+                out[a] = 0.0
+                for b in T.serial(src.shape[1]):
+                    out[a] = out[a] + src[a, b]
+        else:
+            T.reduce_sum(src, red, dim=1)
+            T.copy(red, out)
+
+    def gam(g_sh, i, j):
+        """Gamma_ij = exp(g_i - g_j) on i >= j, else 0."""
+        return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
+
+    @T.macro
+    def load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh,
+                    d_sh, dr_sh, bc, t0, end, bh, bhg):  # fmt: skip
+        """A chunk's tiles by element loads, rows at or past `end` as zero (g clamped to the last valid token's),
+        and its gates d = exp(g), d_r = exp(g_last - g) (0 past the end)."""
+        for i, j in T.Parallel(C, dk):
+            q_sh[i, j] = T.if_then_else(t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
+            k_sh[i, j] = T.if_then_else(t0 + i < end, k[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
+        for i, j in T.Parallel(C, dv):
+            v_sh[i, j] = T.if_then_else(t0 + i < end, v[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
+            do_sh[i, j] = T.if_then_else(t0 + i < end, grad_o[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
+        for i, j in T.Parallel(C, C):
+            a_sh[i, j] = T.if_then_else(t0 + i < end, a0[0, T.min(t0 + i, end - 1), bh, j], T.cast(0, dtype))
+        for i, j in T.Parallel(dk, dv):
+            s_sh[i, j] = states[bc, bh, i, j]
+        for i in T.Parallel(C):
+            g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
+            b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
+            d_sh[i] = T.exp2(g_cumsum[0, T.min(t0 + i, end - 1), bh] * LOG2E)
+            dr_sh[i] = T.if_then_else(
+                t0 + i < end,
+                T.exp2((g_cumsum[0, T.min(t0 + C, end) - 1, bh] - g_cumsum[0, T.min(t0 + i, end - 1), bh]) * LOG2E),
+                0.0,
+            )
+
+    # ---- WG0, the chain ----
+    @T.macro
+    def chain_publish(sds, ds_sh, s_sh, part_sh, part):
+        """bf16(dS') for the other roles; <S, dS'> as one partial sum per warp (part_sh, summed by WG2's dg)."""
+        T.copy(sds, ds_sh)
+        if cpu_debug:
+            part_sh[0] = 0.0
+            for i, j in T.Parallel(dk, dv):
+                part_sh[0] = part_sh[0] + sds[i, j] * T.cast(s_sh[i, j], acc)
+            for i in T.serial(3):
+                part_sh[i + 1] = 0.0
+        else:
+            part[0] = 0.0
+            for i, j in T.Parallel(dk, dv):
+                part[0] = part[0] + sds[i, j] * T.cast(s_sh[i, j], acc)
+            part[0] = T.warp_reduce_sum(part[0])
+            if T.get_thread_binding() % 32 == 0:
+                part_sh[(T.get_thread_binding() % WG) // 32] = part[0]
+
+    @T.macro
+    def chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh):
+        """dS' <- exp(gamma) dS' + Q^T (scale D dO), scale D dO as two bf16 parts (stage 1 rev 4's rounding)
+        through one buffer in turn."""
+        for i, j in T.Parallel(dk, dv):
+            sds[i, j] = d_sh[C - 1] * sds[i, j]
+        for i, j in T.Parallel(C, dv):
+            sdo_sh[i, j] = T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype)
+        wg_sync(BAR_CHAIN)
+        mm(q_sh, sdo_sh, sds, transpose_a=True, clear=False)
+        wg_sync(BAR_CHAIN)  # every warp's GEMM has read the high part
+        for i, j in T.Parallel(C, dv):
+            sdo_sh[i, j] = T.cast(
+                scale * d_sh[i] * T.cast(do_sh[i, j], acc)
+                - T.cast(T.cast(scale * d_sh[i] * T.cast(do_sh[i, j], acc), dtype), acc),
+                dtype,
+            )
+        wg_sync(BAR_CHAIN)
+        mm(q_sh, sdo_sh, sds, transpose_a=True, clear=False)
+
+    # ---- WG2, the A side ----
+    @T.macro
+    def aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, dr_sh, p_sh, w_sh, vn_sh, dqk_sh,
+                      cc, cv, ag, pr):  # fmt: skip
+        """A0's upper triangle cleared; P; W; Vn = Ag W (Ag a register operand); D_r Vn into V's tile; dO Vn^T:
+        dQK and the pair terms' first part P o dO Vn^T (pr, kept for dvn_ready)."""
+        for i, j in T.Parallel(C, C):  # a select, not a conditional store: whole 16-byte rows of the tile
+            a_sh[i, j] = T.if_then_else(i >= j, a_sh[i, j], T.cast(0, dtype))
+        mm(q_sh, k_sh, cc, transpose_b=True)
+        for i, j in T.Parallel(C, C):
+            p_sh[i, j] = T.cast(scale * gam(g_sh, i, j) * cc[i, j], dtype)
+        mm(k_sh, s_sh, cv)
+        for i, j in T.Parallel(C, dv):
+            w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
+        for i, j in T.Parallel(C, C):
+            ag[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gam(g_sh, i, j) * b_sh[j], dtype)
+        wg_sync(BAR_ASIDE)  # W and A0's cleared triangle; every read of V is done
+        mm(ag, w_sh, cv)
+        for i, j in T.Parallel(C, dv):
+            vn_sh[i, j] = T.cast(cv[i, j], dtype)
+            v_sh[i, j] = T.cast(dr_sh[i] * cv[i, j], dtype)  # D_r Vn, dk's operand (WG1)
+        wg_sync(BAR_ASIDE)
+        mm(do_sh, vn_sh, cc, transpose_b=True)
+        for i, j in T.Parallel(C, C):
+            dqk_sh[i, j] = T.cast(scale * gam(g_sh, i, j) * cc[i, j], dtype)
+            pr[i, j] = T.cast(p_sh[i, j], acc) * cc[i, j]
+
+    @T.macro
+    def aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, rowp_sh, red):
+        """dAg = (dVn W^T) o L (dVn in Vn's tile): the pair terms' second part; dA0 = dAg o Gamma diag(beta);
+        the pair terms' row sums. Their column sums need no cross-warp reduction: colsum(P o dO Vn^T)_j =
+        <Vn, P^T dO>_j and colsum(dAg o Agb)_j = beta_j <W, dW~>_j, both WG1's (kside_pt_do, kside_dw)."""
+        mm(vn_sh, w_sh, cc, transpose_b=True)
+        for i, j in T.Parallel(C, C):
+            pr[i, j] = pr[i, j] + T.if_then_else(
+                i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gam(g_sh, i, j), 0.0
+            )
+            da0_sh[i, j] = T.cast(T.if_then_else(i >= j, cc[i, j] * gam(g_sh, i, j) * b_sh[j], 0.0), dtype)
+        row_sum(pr, rowp_sh, red)
+
+    @T.macro
+    def aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, rowa_sh, red):
+        """dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL (into P's tile: dk's operand, WG1), dbeta's
+        second part rowsum(dL o K K^T)."""
+        mm(a_sh, da0_sh, cc, transpose_a=True)
+        for i, j in T.Parallel(C, C):
+            p_sh[i, j] = T.cast(cc[i, j], dtype)  # T
+        wg_sync(BAR_ASIDE)
+        mm(p_sh, a_sh, cc, transpose_b=True)
+        mm(k_sh, k_sh, cc2, transpose_b=True)
+        wg_sync(BAR_ASIDE)  # every warp's products have read T
+        for i, j in T.Parallel(C, C):
+            cc[i, j] = T.if_then_else(i > j, -cc[i, j], 0.0)
+            p_sh[i, j] = T.cast(b_sh[i] * cc[i, j], dtype)  # dKKt
+            cc2[i, j] = cc[i, j] * cc2[i, j]
+        row_sum(cc2, rowa_sh, red)
+
+    @T.macro
+    def aside_dq(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, rowq_sh, red, dq_v, t0, end, bh):
+        """dq = scale D (dO S^T) + dQK K, with D_i scale <dO, QS>_i = rowsum(Q o the first product) (rev 12)."""
+        mm(do_sh, s_sh, ck, transpose_b=True)
+        for i, j in T.Parallel(C, dk):
+            ck[i, j] = scale * d_sh[i] * ck[i, j]
+            tmp[i, j] = ck[i, j] * T.cast(q_sh[i, j], acc)
+        row_sum(tmp, rowq_sh, red)
+        mm(dqk_sh, k_sh, ck, clear=False)
+        for i, j in T.Parallel(C, dk):
+            if t0 + i < end:
+                dq_v[0, t0 + i, bh, j] = ck[i, j]
+
+    @T.macro
+    def aside_dg(d_sh, b_sh, part_sh, x_sh, rowb_sh, cola_sh, rowp_sh, colp_sh, rowq_sh, rowa_sh, tot, dg, dbeta, t0,
+                 end, bh):  # fmt: skip
+        """dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + rowsum(pair)_i - colsum(pair)_i (into rowq_sh); dg_i =
+        the sum of dgc_j over the valid j >= i, plus dgamma = sum_j x_j + exp(gamma) <S, dS'> (every row); dbeta."""
+        wg_sync(BAR_ASIDE)  # this warpgroup's row sums
+        for i in T.Parallel(C):
+            rowq_sh[i] = T.if_then_else(
+                t0 + i < end,
+                rowq_sh[i] + rowb_sh[i] - x_sh[i] + rowp_sh[i] - colp_sh[i] - b_sh[i] * cola_sh[i],
+                0.0,
+            )
+        wg_sync(BAR_ASIDE)
+        for i in T.Parallel(C):
+            tot[0] = (part_sh[0] + part_sh[1] + part_sh[2] + part_sh[3]) * d_sh[C - 1]
+            for j in T.serial(C):
+                tot[0] = tot[0] + x_sh[j] + T.if_then_else(j >= i, rowq_sh[j], 0.0)
+            if t0 + i < end:
+                dg[0, t0 + i, bh] = tot[0]
+                dbeta[0, t0 + i, bh] = cola_sh[i] + rowa_sh[i]
+
+    # ---- WG1, the K side ----
+    @T.macro
+    def kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, colp_sh, red):
+        """P^T dO, dVn's state-free part, before WG1 waits for dS'; colsum(P o dO Vn^T)_j = <Vn, P^T dO>_j for dg."""
+        mm(p_sh, do_sh, u, transpose_a=True)
+        for i, j in T.Parallel(C, dv):
+            tmp[i, j] = u[i, j] * T.cast(vn_sh[i, j], acc)
+        row_sum(tmp, colp_sh, red)
+
+    @T.macro
+    def kside_dvn_state(k_sh, ds_sh, dr_sh, vn_sh, u, cv):
+        """dVn = P^T dO + D_r (K dS') into Vn's tile (WG2 has read Vn by a_ready; this warpgroup by the sync)."""
+        mm(k_sh, ds_sh, cv)
+        wg_sync(BAR_KSIDE)
+        for i, j in T.Parallel(C, dv):
+            vn_sh[i, j] = T.cast(dr_sh[i] * cv[i, j] + u[i, j], dtype)
+
+    @T.macro
+    def kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, cola_sh, red, dv_out, t0, end, bh):
+        """dW~ = (Gamma o A0)^T dVn ((.)^T a register operand); dbeta's first part rowsum(W o dW~); dv = diag(beta)
+        dW~ (stored); -D dW for the chain and dk."""
+        for i, j in T.Parallel(C, C):
+            agt[i, j] = T.cast(T.cast(a_sh[j, i], acc) * gam(g_sh, j, i), dtype)
+        mm(agt, vn_sh, cv)
+        for i, j in T.Parallel(C, dv):
+            tmp[i, j] = cv[i, j] * T.cast(w_sh[i, j], acc)
+        row_sum(tmp, cola_sh, red)
+        for i, j in T.Parallel(C, dv):
+            cv[i, j] = b_sh[i] * cv[i, j]
+        for i, j in T.Parallel(C, dv):
+            if t0 + i < end:
+                dv_out[0, t0 + i, bh, j] = T.cast(cv[i, j], dtype)
+            ndwd_sh[i, j] = T.cast(-d_sh[i] * cv[i, j], dtype)
+
+    @T.macro
+    def kside_rowb(k_sh, s_sh, ndwd_sh, cv, rowb_sh, red):
+        """-<D dW, K S>_i (K S again: WG2's is gone)."""
+        mm(k_sh, s_sh, cv)
+        for i, j in T.Parallel(C, dv):
+            cv[i, j] = cv[i, j] * T.cast(ndwd_sh[i, j], acc)
+        row_sum(cv, rowb_sh, red)
+
+    @T.macro
+    def kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, x_sh, red):
+        """dk's first product D_r Vn dS'^T (D_r Vn in V's tile); x_i = rowsum(K o it)."""
+        mm(v_sh, ds_sh, ck, transpose_b=True)
+        for i, j in T.Parallel(C, dk):
+            tmp[i, j] = ck[i, j] * T.cast(k_sh[i, j], acc)
+        row_sum(tmp, x_sh, red)
+
+    @T.macro
+    def kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh):
+        """dk += dQK^T Q + dKKt K + dKKt^T K - (D dW) S^T (dKKt in P's tile)."""
+        mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
+        mm(p_sh, k_sh, ck, clear=False)
+        mm(p_sh, k_sh, ck, transpose_a=True, clear=False)
+        mm(ndwd_sh, s_sh, ck, transpose_b=True, clear=False)
+        for i, j in T.Parallel(C, dk):
+            if t0 + i < end:
+                dk_v[0, t0 + i, bh, j] = ck[i, j]
+
+    @T.macro
+    def tick_start(clk, spent):
+        if profile:
+            for i in T.serial(NUM_PHASES):
+                spent[i] = 0
+            clk[0] = T.call_extern("int64", "clock64")
+
+    @T.macro
+    def tick(clk, spent, phase):
+        """End of a phase: the cycles since the last tick go to spent[phase] (profile builds only)."""
+        if profile:
+            now = T.call_extern("int64", "clock64")
+            spent[phase] = spent[phase] + (now - clk[0])
+            clk[0] = now
+
+    @T.macro
+    def tick_store(prof, bid, role, spent):
+        """The warpgroup's first thread writes its phase sums (profile builds only)."""
+        if profile:  # noqa: SIM102 (a Python flag around a TIR condition)
+            if T.get_thread_binding() % WG == 0:
+                for i in T.serial(NUM_PHASES):
+                    prof[bid, role, i] = spent[i]
+
+    @T.macro
+    def body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_slots, cu_seqlens, chunk_offsets, dq_v, dk_v, dbeta, dg,
+             dv_out, prof):  # fmt: skip
+        with T.Kernel((ns - 1) * h_v, threads=4 * WG) as (bid,):
+            piece = T.alloc_var("int32", init=bid // h_v)
+            bh = T.alloc_var("int32", init=bid % h_v)
+            bhg = T.alloc_var("int32", init=(bid % h_v) // (h_v // h_qk))
+            end = T.alloc_var("int32", init=cu_seqlens[bid // h_v + 1])
+            n_iter = T.alloc_var("int32", init=T.ceildiv(cu_seqlens[bid // h_v + 1] - cu_seqlens[bid // h_v], C))
+            c_last = T.alloc_var("int32", init=chunk_offsets[bid // h_v] + n_iter - 1)
+            t_last = T.alloc_var("int32", init=cu_seqlens[bid // h_v] + (n_iter - 1) * C)
+
+            # inputs (single-buffered; V's tile later holds D_r Vn)
+            q_sh = alloc_sh((C, dk), dtype)
+            k_sh = alloc_sh((C, dk), dtype)
+            v_sh = alloc_sh((C, dv), dtype)
+            do_sh = alloc_sh((C, dv), dtype)
+            a_sh = alloc_sh((C, C), dtype)
+            s_sh = alloc_sh((dk, dv), dtype)
+            g_sh = alloc_sh((C,), acc)
+            b_sh = alloc_sh((C,), acc)
+            d_sh = alloc_sh((C,), acc)
+            dr_sh = alloc_sh((C,), acc)
+            # hand-offs
+            ds_sh = alloc_sh((dk, dv), dtype)  # bf16 dS' (WG0)
+            w_sh = alloc_sh((C, dv), dtype)  # W (WG2)
+            vn_sh = alloc_sh((C, dv), dtype)  # Vn (WG2), then dVn (WG1)
+            ndwd_sh = alloc_sh((C, dv), dtype)  # -D dW (WG1)
+            sdo_sh = alloc_sh((C, dv), dtype)  # scale D dO's parts (WG0's own)
+            p_sh = alloc_sh((C, C), dtype)  # P (WG2), then T (WG2's own) and dKKt (for WG1)
+            dqk_sh = alloc_sh((C, C), dtype)  # dQK (WG2)
+            da0_sh = alloc_sh((C, C), dtype)  # dA0 (WG2's own)
+            part_sh = alloc_sh((4,), acc)  # <S, dS'> per WG0 warp
+            x_sh = alloc_sh((C,), acc)
+            rowb_sh = alloc_sh((C,), acc)
+            cola_sh = alloc_sh((C,), acc)
+            rowp_sh = alloc_sh((C,), acc)
+            colp_sh = alloc_sh((C,), acc)  # colsum(P o dO Vn^T) (WG1)
+            rowq_sh = alloc_sh((C,), acc)
+            rowa_sh = alloc_sh((C,), acc)
+
+            if cpu_debug:
+                sds = alloc_acc((dk, dv))
+                cc = alloc_acc((C, C))
+                cc2 = alloc_acc((C, C))
+                pr = alloc_acc((C, C))
+                cv = alloc_acc((C, dv))
+                u = alloc_acc((C, dv))
+                ck = alloc_acc((C, dk))
+                tmp = alloc_acc((C, dk))
+                ckq = alloc_acc((C, dk))
+                tot = alloc_sh((1,), acc)
+                ag = alloc_frag((C, C), dtype)
+                agt = alloc_frag((C, C), dtype)
+                for i, j in T.Parallel(dk, dv):
+                    sds[i, j] = ds_slots[piece, bh, i, j]
+                for it in T.serial(n_iter):
+                    bc = c_last - it
+                    t0 = t_last - it * C
+                    load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh,
+                                g_sh, b_sh, d_sh, dr_sh, bc, t0, end, bh, bhg)  # fmt: skip
+                    # one order the hand-offs allow
+                    chain_publish(sds, ds_sh, s_sh, part_sh, None)
+                    aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, dr_sh, p_sh, w_sh, vn_sh,
+                                  dqk_sh, cc, cv, ag, pr)  # fmt: skip
+                    kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, colp_sh, None)
+                    kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, x_sh, None)
+                    kside_dvn_state(k_sh, ds_sh, dr_sh, vn_sh, u, cv)
+                    chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
+                    kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, cola_sh, None, dv_out, t0,
+                             end, bh)  # fmt: skip
+                    mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)  # the chain's last product
+                    aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, rowp_sh, None)
+                    kside_rowb(k_sh, s_sh, ndwd_sh, cv, rowb_sh, None)
+                    aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, rowa_sh, None)
+                    aside_dq(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ckq, tmp, rowq_sh, None, dq_v, t0, end, bh)
+                    kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
+                    aside_dg(d_sh, b_sh, part_sh, x_sh, rowb_sh, cola_sh, rowp_sh, colp_sh, rowq_sh, rowa_sh, tot, dg,
+                             dbeta, t0, end, bh)  # fmt: skip
+                for i, j in T.Parallel(dk, dv):
+                    ds_slots[piece, bh, i, j] = sds[i, j]
+            else:
+                full = T.alloc_barrier(arrive_count=32)
+                inputs_free = T.alloc_barrier(arrive_count=3 * WG)
+                ds_ready = T.alloc_barrier(arrive_count=WG)
+                a_ready = T.alloc_barrier(arrive_count=WG)
+                dvn_ready = T.alloc_barrier(arrive_count=WG)
+                dwd_ready = T.alloc_barrier(arrive_count=WG)
+                dq_ready = T.alloc_barrier(arrive_count=WG)
+                k_done = T.alloc_barrier(arrive_count=WG)
+                tx = T.get_thread_binding()
+                clk = T.alloc_local((1,), "int64")
+                spent = T.alloc_local((NUM_PHASES,), "int64")
+                # the walk's first chunk (a sequence's last, perhaps partial), masked, by every thread
+                load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh,
+                            b_sh, d_sh, dr_sh, c_last, t_last, end, bh, bhg)  # fmt: skip
+                T.fence_proxy_async()
+                T.sync_threads()
+
+                if tx < WG:
+                    T.set_max_nreg(NREG_CHAIN, 1)
+                    sds = T.alloc_fragment((dk, dv), acc)
+                    part = T.alloc_local((1,), acc)
+                    T.copy(ds_slots[piece, bh, 0:dk, 0:dv], sds)
+                    tick_start(clk, spent)
+                    for it in T.serial(n_iter):
+                        if it > 0:
+                            T.barrier_wait(full, (it - 1) % 2)
+                        tick(clk, spent, 0)
+                        chain_publish(sds, ds_sh, s_sh, part_sh, part)
+                        arrive(ds_ready)
+                        tick(clk, spent, 1)
+                        chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
+                        tick(clk, spent, 2)
+                        T.barrier_wait(dwd_ready, it % 2)
+                        tick(clk, spent, 3)
+                        mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)
+                        arrive(inputs_free)
+                        tick(clk, spent, 4)
+                    T.copy(sds, ds_slots[piece, bh, 0:dk, 0:dv])
+                    tick_store(prof, bid, 0, spent)
+                elif tx < 2 * WG:
+                    T.set_max_nreg(NREG_KSIDE, 1)
+                    u = T.alloc_fragment((C, dv), acc)
+                    cv = T.alloc_fragment((C, dv), acc)
+                    ck = T.alloc_fragment((C, dk), acc)
+                    tmp = T.alloc_fragment((C, dk), acc)
+                    agt = T.alloc_fragment((C, C), dtype)
+                    red = T.alloc_fragment((C,), acc)
+                    tick_start(clk, spent)
+                    for it in T.serial(n_iter):
+                        t0 = t_last - it * C
+                        if it > 0:
+                            T.barrier_wait(full, (it - 1) % 2)
+                        tick(clk, spent, 0)
+                        T.barrier_wait(a_ready, it % 2)
+                        tick(clk, spent, 1)
+                        kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, colp_sh, red)
+                        tick(clk, spent, 2)
+                        T.barrier_wait(ds_ready, it % 2)
+                        tick(clk, spent, 3)
+                        kside_dvn_state(k_sh, ds_sh, dr_sh, vn_sh, u, cv)
+                        arrive(dvn_ready)
+                        tick(clk, spent, 4)
+                        wg_sync(BAR_KSIDE)  # dVn in shared memory for this warpgroup's own product
+                        kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, cola_sh, red, dv_out,
+                                 t0, end, bh)  # fmt: skip
+                        arrive(dwd_ready)
+                        tick(clk, spent, 5)
+                        wg_sync(BAR_KSIDE)
+                        kside_rowb(k_sh, s_sh, ndwd_sh, cv, rowb_sh, red)
+                        tick(clk, spent, 6)
+                        kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, x_sh, red)
+                        arrive(k_done)
+                        tick(clk, spent, 7)
+                        T.barrier_wait(dq_ready, it % 2)
+                        tick(clk, spent, 8)
+                        kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
+                        arrive(inputs_free)
+                        tick(clk, spent, 9)
+                    tick_store(prof, bid, 1, spent)
+                elif tx < 3 * WG:
+                    T.set_max_nreg(NREG_ASIDE, 1)
+                    cc = T.alloc_fragment((C, C), acc)
+                    cc2 = T.alloc_fragment((C, C), acc)
+                    pr = T.alloc_fragment((C, C), acc)
+                    cv = T.alloc_fragment((C, dv), acc)
+                    ck = T.alloc_fragment((C, dk), acc)
+                    tmp = T.alloc_fragment((C, dk), acc)
+                    ag = T.alloc_fragment((C, C), dtype)
+                    red = T.alloc_fragment((C,), acc)
+                    tot = T.alloc_local((1,), acc)
+                    tick_start(clk, spent)
+                    for it in T.serial(n_iter):
+                        t0 = t_last - it * C
+                        if it > 0:
+                            T.barrier_wait(full, (it - 1) % 2)
+                        tick(clk, spent, 0)
+                        aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, dr_sh, p_sh, w_sh,
+                                      vn_sh, dqk_sh, cc, cv, ag, pr)  # fmt: skip
+                        arrive(a_ready)
+                        tick(clk, spent, 1)
+                        T.barrier_wait(dvn_ready, it % 2)
+                        tick(clk, spent, 2)
+                        aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, rowp_sh, red)
+                        wg_sync(BAR_ASIDE)
+                        tick(clk, spent, 3)
+                        aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, rowa_sh, red)
+                        arrive(dq_ready)
+                        tick(clk, spent, 4)
+                        aside_dq(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, rowq_sh, red, dq_v, t0, end, bh)
+                        tick(clk, spent, 5)
+                        T.barrier_wait(ds_ready, it % 2)
+                        T.barrier_wait(k_done, it % 2)
+                        tick(clk, spent, 6)
+                        aside_dg(d_sh, b_sh, part_sh, x_sh, rowb_sh, cola_sh, rowp_sh, colp_sh, rowq_sh, rowa_sh, tot,
+                                 dg, dbeta, t0, end, bh)  # fmt: skip
+                        arrive(inputs_free)
+                        tick(clk, spent, 7)
+                    tick_store(prof, bid, 2, spent)
+                else:
+                    T.set_max_nreg(NREG_LOAD, 0)
+                    if tx < 3 * WG + 32:
+                        for it in T.serial(n_iter - 1):
+                            bc = c_last - it - 1
+                            t0 = t_last - (it + 1) * C
+                            T.barrier_wait(inputs_free, it % 2)
+                            T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=full)
+                            T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=full)
+                            T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=full)
+                            T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=full)
+                            T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=full)
+                            T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=full)
+                            for i in T.Parallel(C):  # whole chunks from here on: no clamping
+                                g_sh[i] = g_cumsum[0, t0 + i, bh]
+                                b_sh[i] = beta[0, t0 + i, bh]
+                                d_sh[i] = T.exp2(g_cumsum[0, t0 + i, bh] * LOG2E)
+                                dr_sh[i] = T.exp2((g_cumsum[0, t0 + C - 1, bh] - g_cumsum[0, t0 + i, bh]) * LOG2E)
+                            T.barrier_arrive(full)
+
+    if profile:
+
+        @T.prim_func
+        def bwd_fused_ws_profile(
+            q: T.Tensor((1, nt, h_qk, dk), dtype),
+            k: T.Tensor((1, nt, h_qk, dk), dtype),
+            v: T.Tensor((1, nt, h_v, dv), dtype),
+            g_cumsum: T.Tensor((1, nt, h_v), acc),
+            beta: T.Tensor((1, nt, h_v), acc),
+            a0: T.Tensor((1, nt, h_v, C), dtype),
+            grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+            states: T.Tensor((nc, h_v, dk, dv), dtype),
+            ds_slots: T.Tensor((ns - 1, h_v, dk, dv), acc),
+            cu_seqlens: T.Tensor((ns,), "int32"),
+            chunk_offsets: T.Tensor((ns,), "int32"),
+            dq_v: T.Tensor((1, nt, h_v, dk), acc),
+            dk_v: T.Tensor((1, nt, h_v, dk), acc),
+            dbeta: T.Tensor((1, nt, h_v), acc),
+            dg: T.Tensor((1, nt, h_v), acc),
+            dv_out: T.Tensor((1, nt, h_v, dv), dtype),
+            prof: T.Tensor(((ns - 1) * h_v, 3, NUM_PHASES), "int64"),
+        ):
+            body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_slots, cu_seqlens, chunk_offsets, dq_v, dk_v, dbeta,
+                 dg, dv_out, prof)  # fmt: skip
+
+        return bwd_fused_ws_profile
+
+    @T.prim_func
+    def bwd_fused_ws(
+        q: T.Tensor((1, nt, h_qk, dk), dtype),
+        k: T.Tensor((1, nt, h_qk, dk), dtype),
+        v: T.Tensor((1, nt, h_v, dv), dtype),
+        g_cumsum: T.Tensor((1, nt, h_v), acc),
+        beta: T.Tensor((1, nt, h_v), acc),
+        a0: T.Tensor((1, nt, h_v, C), dtype),
+        grad_o: T.Tensor((1, nt, h_v, dv), dtype),
+        states: T.Tensor((nc, h_v, dk, dv), dtype),
+        ds_slots: T.Tensor((ns - 1, h_v, dk, dv), acc),
+        cu_seqlens: T.Tensor((ns,), "int32"),
+        chunk_offsets: T.Tensor((ns,), "int32"),
+        dq_v: T.Tensor((1, nt, h_v, dk), acc),
+        dk_v: T.Tensor((1, nt, h_v, dk), acc),
+        dbeta: T.Tensor((1, nt, h_v), acc),
+        dg: T.Tensor((1, nt, h_v), acc),
+        dv_out: T.Tensor((1, nt, h_v, dv), dtype),
+    ):
+        body(q, k, v, g_cumsum, beta, a0, grad_o, states, ds_slots, cu_seqlens, chunk_offsets, dq_v, dk_v, dbeta, dg,
+             dv_out, None)  # fmt: skip
+
+    return bwd_fused_ws
+
+
+bwd_fused_ws_kernel = tilelang.jit(bwd_fused_ws_program, pass_configs=PASS_CONFIGS)
