@@ -26,7 +26,8 @@ class BuildReport:
     spill_loads: int
     dyn_smem_bytes: int
     source: str
-    # ptxas C7512: "wgmma.mma_async instructions are serialized due to insufficient register resources"
+    # ptxas C7512: "wgmma.mma_async instructions are serialized due to insufficient register resources"; C7511 and
+    # the other C751x codes give other reasons (an accumulator live across a wait: session 28's review)
     # (no spill is reported, but every wgmma waits for the previous one: session 12's first ws10 build)
     wgmma_serialized: bool = False
     # bytes of SASS (the cubin's .text sections): session 21's rev 11 (155 KB against rev 8's 98 KB) lost 24 % of
@@ -126,7 +127,7 @@ def build_sm90a(prim_func, pass_configs: dict | None = None, fast_math: bool = T
         spill_loads=int(spill.group(2)) if spill else -1,
         dyn_smem_bytes=smem,
         source=src,
-        wgmma_serialized="C7512" in res.stderr,
+        wgmma_serialized=bool(re.search(r"C751\d|serializ", res.stderr)),
         code_bytes=code,
         cubin=cubin if lineinfo else None,
     )

@@ -164,9 +164,9 @@ DEFAULT_BWD_OVERLAP = False
 # bwd_cp_plan.choose_fused_cp. "2" is the walk with the next chunk's K, S, Q and dO loaded during the step's dg
 # tail (bwd_chunk_grads_program's prefetch), for an A/B against "1". "ws" (session 28, bwd/fused_ws.py) is the same
 # walk and math warp-specialised: the chain, the K side, the A side and a TMA producer in one CTA, concurrently
-# (CPU-checked and compiled, not yet run on a GPU).
+# (CPU-checked and compiled, not yet run on a GPU); "ws2" is "ws" with dq formed by the A side beside the K side's dk.
 BWD_FUSED_ENV = "QLA_BWD_FUSED"
-BWD_FUSED_CHOICES = ("0", "1", "2", "ws")
+BWD_FUSED_CHOICES = ("0", "1", "2", "ws", "ws2")
 DEFAULT_BWD_FUSED = "0"
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
@@ -319,7 +319,8 @@ def resolve_bwd_overlap() -> bool:
 
 def resolve_bwd_fused_mode() -> str:
     """$QLA_BWD_FUSED: "0" the staged backward, "1" the fused walk, "2" the fused walk with its loads prefetched,
-    "ws" the warp-specialised walk; unset DEFAULT_BWD_FUSED; anything else a ValueError naming the choices."""
+    "ws" / "ws2" the warp-specialised walk (dq by the K side / the A side); unset DEFAULT_BWD_FUSED; anything else
+    a ValueError naming the choices."""
     value = env_text(BWD_FUSED_ENV) or DEFAULT_BWD_FUSED
     if value not in BWD_FUSED_CHOICES:
         raise ValueError(f"${BWD_FUSED_ENV} must be one of {list(BWD_FUSED_CHOICES)} (or unset: "
@@ -517,11 +518,11 @@ def fused_walk_program_args(scale: float, dtype: str, prefetch: bool = False) ->
 
 
 def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, scale: float, prefetch: bool,
-                ws: bool = False):  # fmt: skip
+                ws: str = ""):  # fmt: skip
     """The fused walk over the sequences or pieces `cu` (chunk_offsets: their first chunks' indices in states):
     slots [P,H_v,K,V] fp32 holds each piece's end gradient and leaves with its start gradient. Returns dq, dk per
-    value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype. ws: the
-    warp-specialised program (bwd/fused_ws.py), same signature."""
+    value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype. ws "ws" or "ws2":
+    the warp-specialised program (bwd/fused_ws.py; "ws2" its dq_aside build), same signature."""
     from .bwd.chunk_grads import bwd_chunk_grads_kernel
     from .bwd.fused_ws import bwd_fused_ws_kernel
 
@@ -532,7 +533,7 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
     dg = torch.empty_like(dbeta)
     dv = torch.empty_like(vf)
     if ws:
-        kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype])
+        kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], dq_aside=ws == "ws2")
     else:
         args, kwargs = fused_walk_program_args(scale, _TL_DTYPE[qf.dtype], prefetch)
         kernel = bwd_chunk_grads_kernel(*args, **kwargs)
@@ -541,7 +542,7 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
 
 
 def _bwd_fused(qf, kf, vf, gf, bf, af, dof, h0, dht, plan: ChunkPlan, scale: float, cp: bool | None,
-               cp_piece: int | None, prefetch: bool, ws: bool = False):  # fmt: skip
+               cp_piece: int | None, prefetch: bool, ws: str = ""):  # fmt: skip
     """The fused backward on packed inputs: (dq, dk per value head, dbeta, dg, dv, dh0); prefetch is
     $QLA_BWD_FUSED=2's walk, ws $QLA_BWD_FUSED=ws's."""
     h_v = vf.shape[2]
@@ -698,7 +699,8 @@ def chunk_gated_delta_rule_bwd(
     fused = resolve_bwd_fused_mode()
     if fused != "0":
         dq, dk, dbeta, dg, dv, dh0 = _bwd_fused(qf, kf, vf, gf, bf, af, dof, initial_state, dht, plan, scale, cp,
-                                                cp_piece, prefetch=fused == "2", ws=fused == "ws")  # fmt: skip
+                                                cp_piece, prefetch=fused == "2",
+                                                ws=fused if fused.startswith("ws") else "")  # fmt: skip
         dq, dk = _group_sums(dq, dk, b, t, h_qk, q.dtype)
         return BwdOutput(dq=dq, dk=dk, dv=dv.view(v.shape), dbeta=dbeta.view(b, t, h_v), dg=dg.view(b, t, h_v),
                          dh0=dh0 if initial_state is not None else None)  # fmt: skip

@@ -119,11 +119,12 @@ def profile_fused_walk(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -
     }
 
 
-def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> dict:
+def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, dq_aside: bool = False) -> dict:
     """The warp-specialised walk's profile build ($QLA_BWD_FUSED=ws's kernel, bwd/fused_ws.py): the mean cycles
     per chunk of each phase of each consumer warpgroup (fused_ws.PHASES), over every CTA (no CP). The roles run
-    concurrently, so a chunk step is each role's sum, not the sum over roles; the waits say who waits for whom."""
-    from .bwd.fused_ws import PHASES, bwd_fused_ws_kernel
+    concurrently, so a chunk step is each role's sum, not the sum over roles; the waits say who waits for whom.
+    dq_aside: $QLA_BWD_FUSED=ws2's kernel."""
+    from .bwd.fused_ws import NUM_PHASES, bwd_fused_ws_kernel, phases
 
     t = sum(seqlens)
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -148,8 +149,9 @@ def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> 
     dbeta = torch.empty(1, t, h_v, dtype=torch.float32, device="cuda")
     dg = torch.empty_like(dbeta)
     ctas = plan.num_seqs * h_v
-    kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], profile=True)
-    width = max(len(p) for p in PHASES)
+    kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], profile=True, dq_aside=dq_aside)
+    width = NUM_PHASES
+    names = phases(dq_aside)
     for _ in range(2):  # the first launch loads the module
         slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
         prof = torch.zeros(ctas, 3, width, dtype=torch.int64, device="cuda")
@@ -159,9 +161,15 @@ def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> 
     cycles = prof.double().mean(0) * ctas / plan.num_chunks / h_v  # per chunk step
     roles = ("chain (WG0)", "K side (WG1)", "A side (WG2)")
     return {
-        "config": {"h_qk": h_qk, "h_v": h_v, "seqlens": seqlens, "ctas": ctas, "kernel": "fused ws (rev 12 math)"},
+        "config": {
+            "h_qk": h_qk,
+            "h_v": h_v,
+            "seqlens": seqlens,
+            "ctas": ctas,
+            "kernel": f"fused ws{'2' if dq_aside else ''} (rev 12 math)",
+        },
         "mean_cycles_per_chunk_phase": {
-            role: {name: round(cycles[r, i].item(), 1) for i, name in enumerate(PHASES[r])}
+            role: {name: round(cycles[r, i].item(), 1) for i, name in enumerate(names[r])}
             for r, role in enumerate(roles)
         },
         "mean_cycles_per_chunk": {role: round(cycles[r].sum().item(), 1) for r, role in enumerate(roles)},
@@ -212,8 +220,16 @@ def kernel_breakdown(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, rep
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--kernels":
         path = argv[1] if len(argv) > 1 else "bwd_kernels.json"
-        results = [kernel_breakdown(hq, hv, lens) for hq, hv, lens in
-                   ((16, 32, [32768]), (16, 32, [8192]), (16, 32, [2048] * 4), (4, 8, [8192] * 4), (2, 4, [32768]))]
+        results = [
+            kernel_breakdown(hq, hv, lens)
+            for hq, hv, lens in (
+                (16, 32, [32768]),
+                (16, 32, [8192]),
+                (16, 32, [2048] * 4),
+                (4, 8, [8192] * 4),
+                (2, 4, [32768]),
+            )
+        ]
         with open(path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "timer": "torch.profiler CUDA activity, no L2 flush",
                        "results": results}, f, indent=1)  # fmt: skip
@@ -224,7 +240,8 @@ def main(argv: list[str]) -> None:
         return
     if argv and argv[0] == "--ws":
         path = argv[1] if len(argv) > 1 else "bwd_ws_phases.json"
-        results = [profile_fused_ws(16, 32, lens) for lens in ([8192] * 4, [2048] * 4)]
+        results = [profile_fused_ws(16, 32, lens, dq_aside=aside) for aside in (False, True)
+                   for lens in ([8192] * 4, [2048] * 4)]  # fmt: skip
         with open(path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
         for r in results:

@@ -175,11 +175,11 @@ def test_fused_walk_matches_float64(fused_kernel, case):
     check_fused(fused_kernel, case)
 
 
-@pytest.fixture(scope="module")
-def fused_ws_kernel():
+@pytest.fixture(scope="module", params=[False, True], ids=["ws", "ws2-dq-aside"])
+def fused_ws_kernel(request):
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    return tilelang.compile(bwd_fused_ws_program(D, D, SCALE, "float32", cpu_debug=True), target="c",
-                            pass_configs=cfg)  # fmt: skip
+    return tilelang.compile(bwd_fused_ws_program(D, D, SCALE, "float32", cpu_debug=True, dq_aside=request.param),
+                            target="c", pass_configs=cfg)  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}")

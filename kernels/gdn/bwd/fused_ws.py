@@ -8,15 +8,16 @@ warpgroups and a producer warp that run concurrently (FlashQLA's arrangement, NO
               bf16(dS') and <S, dS'>, then dS = exp(gamma) dS' + Q^T (scale D dO) (high and low bf16 parts)
               - K^T (D dW) once WG1 has D dW.
   WG1 K side  dVn = P^T dO + D_r (K dS'); dW~ = (Gamma o A0)^T dVn, dbeta's first part rowsum(W o dW~), dv =
-              diag(beta) dW~ (stored), -D dW for the chain; <D dW, K S> (K S again); dk.
+              diag(beta) dW~ (stored), -D dW for the chain; <D dW, K S> (K S again); dk; dq.
   WG2 A side  (A0's upper triangle cleared), P = scale Gamma o Q K^T, W = V - D (K S), Vn = Ag W, dQK and the
-              pair terms from dO Vn^T; dAg from dVn W^T; the A0 path (dKKt, dbeta's second part); dq; dg and dbeta.
+              pair terms from dO Vn^T; dAg from dVn W^T; the A0 path (dKKt, dbeta's second part); dg and dbeta.
   WG3 loads   one warp: the next chunk's tiles by TMA once every consumer is done with this chunk's, g and beta.
 
 Every input tile is single-buffered; the walk's first chunk (a sequence's last, possibly partial) is loaded by
 all threads, masked, before the roles split, so every later chunk is whole and comes by TMA. Hand-offs are
 mbarriers, each completing once a chunk (parity = the chunk's step % 2): ds_ready (WG0), a_ready and dq_ready
-(WG2), dvn_ready, dwd_ready and k_done (WG1), full (the producer) and inputs_free (all three consumers).
+(WG2), dvn_ready, dwd_ready and k_done (WG1; k_done: x, <D dW, KS>, the column sums and D scale <dO, QS> for
+dg), full (the producer) and inputs_free (all three consumers).
 
 Why single buffers and hand-off tiles can be reused: every consumer waits for `full` of step it + 1 before it
 writes anything of that step, and `full` of step it + 1 follows `inputs_free` of step it, which each consumer
@@ -39,35 +40,59 @@ from ..fwd.fused_fwd import CHUNK, LOG2E, PASS_CONFIGS
 from .tl_common import build_helpers
 
 WG = 128
-# setmaxnreg budgets (x 128 threads each <= the 64 K register file): the chain holds dS' (128 fp32 a thread)
-NREG_CHAIN = 168
+# setmaxnreg budgets (x 128 threads each <= the 64 K register file, which the kernel's 128 registers at entry x 512
+# threads fill exactly: test_compile checks the 128, or the setmaxnreg.inc would wait forever). The chain holds dS'
+# (128 fp32 a thread); of the splits tried (session 28: 168/160/152, 160/152/168, 152/152/176, ...) this one spills
+# least (172/216 B, 59 spill instructions a chunk in WG2) and keeps every wgmma unserialised
+NREG_CHAIN = 160
 NREG_KSIDE = 160
-NREG_ASIDE = 152
+NREG_ASIDE = 160
 NREG_LOAD = 32  # the g / beta / gate loads' 64-bit addresses spilled at 24
 # Phases of the profile build, per consumer warpgroup, in program order (each ends at a tick).
 PHASES = (
     ("wait full", "publish dS', <S, dS'>", "exp(gamma) dS' + Q^T (scale D dO)", "wait dwd_ready", "- K^T (D dW)"),
     ("wait full", "wait a_ready", "P^T dO, colsum", "wait ds_ready", "K dS', dVn", "dW~, dbeta, dv, -D dW",
-     "K S, row_b", "dk's D_r Vn dS'^T, x", "wait dq_ready", "dk's rest, store"),
-    ("wait full", "P, W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "A0 path", "dq", "wait ds_ready, k_done",
+     "K S, row_b", "dk's D_r Vn dS'^T, x", "wait dq_ready", "dk's rest, store", "dq, store"),
+    ("wait full", "P, W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "A0 path", "wait ds_ready, k_done",
      "dg, dbeta"),
 )  # fmt: skip
-NUM_PHASES = max(len(p) for p in PHASES)
+# dq_aside=True ($QLA_BWD_FUSED=ws2): dq in WG2 after the A0 path, beside WG1's dk
+PHASES_DQ_ASIDE = (
+    PHASES[0],
+    PHASES[1][:10],
+    PHASES[2][:5] + ("dq, store", "wait ds_ready, k_done", "dg, dbeta"),
+)
+NUM_PHASES = max(len(p) for table in (PHASES, PHASES_DQ_ASIDE) for p in table)
+
+
+def phases(dq_aside: bool) -> tuple[tuple[str, ...], ...]:
+    """The profile build's phase names per consumer warpgroup."""
+    return PHASES_DQ_ASIDE if dq_aside else PHASES
+
 
 # named barriers within one warpgroup (0 is __syncthreads)
 # TileLang takes 1 and 2 for cross-warp reductions and one id per thread range for its own syncs (3-6 here: the
 # three warpgroups and the producer warp); a shared id would join two roles' barriers (test_compile checks)
 BAR_CHAIN, BAR_KSIDE, BAR_ASIDE = 12, 13, 14
+# WG2's Gamma as a [C, C] fp32 fragment, evaluated once a chunk, instead of at each of its four gated passes: 15 %
+# fewer of WG2's instructions a chunk (3.0 K against 3.6 K) but 146-218 spill instructions in its loop at 152-160
+# registers (session 28's builds), so off until a GPU profile says which costs more
+GAMMA_IN_REGISTERS = False
 
 
-def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: bool = False, profile: bool = False):
+def bwd_fused_ws_program(
+    dk: int, dv: int, scale: float, dtype: str, cpu_debug: bool = False, profile: bool = False, dq_aside: bool = False
+):
     """TileLang program with the fused walk's signature: (q, k, v, g_cumsum, beta, A0, dO, states, ds_slots
     [P,H_v,K,V] fp32 (each piece's end gradient in, its start gradient out), cu_seqlens of the pieces [P+1],
     chunk_offsets [P+1], dq_v, dk_v [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32, dv [1,T,H_v,V]).
 
     profile=True (a measuring build, never what the backward runs) takes one more argument, prof [P * H_v, 3,
-    NUM_PHASES] int64: each consumer warpgroup's first thread sums the clock64 cycles of each phase of PHASES[role]
-    over the CTA's chunks (no barrier added: a phase that waits shows as its wait)."""
+    NUM_PHASES] int64: each consumer warpgroup's first thread sums the clock64 cycles of each phase of
+    phases(dq_aside)[role] over the CTA's chunks (no barrier added: a phase that waits shows as its wait).
+
+    dq_aside=True ($QLA_BWD_FUSED=ws2) forms dq in WG2 after the A0 path (its [C, V] accumulator as the row sum's
+    scratch), beside WG1's dk, instead of in WG1 after dk: a shorter tail for the busier A side. Same math."""
     assert not (profile and cpu_debug)
     assert NREG_CHAIN + NREG_KSIDE + NREG_ASIDE + NREG_LOAD <= 512
     assert dk == dv == 2 * CHUNK
@@ -103,26 +128,37 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
             T.barrier_wait(bar, parity)
 
     @T.macro
-    def row_sum(src, out, red):
-        """out[i] = sum_j src[i, j] (src a fragment; out in shared memory; red a fragment of out's shape)."""
+    def row_sum(src, red):
+        """red[i] = sum_j src[i, j] (src a fragment, red a [C] fragment: registers, each row's sum in the threads
+        that hold the row; shared buffers on the CPU)."""
         if cpu_debug:
             for a in T.Parallel(src.shape[0]):
-                out[a] = 0.0
+                red[a] = 0.0
                 for b in T.serial(src.shape[1]):
-                    out[a] = out[a] + src[a, b]
+                    red[a] = red[a] + src[a, b]
         else:
             T.reduce_sum(src, red, dim=1)
-            T.copy(red, out)
+
+    @T.macro
+    def gates_r(g_sh, drf, t0, end):
+        """drf[i] = D_r,i = exp(g_last - g_i), 0 past the sequence's end: a [C] fragment (each row's value in the
+        threads that hold the row), no shared vector for it."""
+        for i in T.Parallel(C):
+            drf[i] = T.if_then_else(t0 + i < end, T.exp2((g_sh[C - 1] - g_sh[i]) * LOG2E), 0.0)
 
     def gam(g_sh, i, j):
         """Gamma_ij = exp(g_i - g_j) on i >= j, else 0."""
         return T.if_then_else(i >= j, T.exp2((g_sh[i] - g_sh[j]) * LOG2E), 0.0)
 
+    def gmv(gm, g_sh, i, j):
+        """Gamma_ij for WG2: from its register copy (GAMMA_IN_REGISTERS) or evaluated again."""
+        return gm[i, j] if GAMMA_IN_REGISTERS else gam(g_sh, i, j)
+
     @T.macro
     def load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh,
-                    d_sh, dr_sh, bc, t0, end, bh, bhg):  # fmt: skip
+                    d_sh, bc, t0, end, bh, bhg):  # fmt: skip
         """A chunk's tiles by element loads, rows at or past `end` as zero (g clamped to the last valid token's),
-        and its gates d = exp(g), d_r = exp(g_last - g) (0 past the end)."""
+        and its gates d = exp(g)."""
         for i, j in T.Parallel(C, dk):
             q_sh[i, j] = T.if_then_else(t0 + i < end, q[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
             k_sh[i, j] = T.if_then_else(t0 + i < end, k[0, T.min(t0 + i, end - 1), bhg, j], T.cast(0, dtype))
@@ -137,11 +173,6 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
             g_sh[i] = g_cumsum[0, T.min(t0 + i, end - 1), bh]
             b_sh[i] = T.if_then_else(t0 + i < end, beta[0, T.min(t0 + i, end - 1), bh], 0.0)
             d_sh[i] = T.exp2(g_cumsum[0, T.min(t0 + i, end - 1), bh] * LOG2E)
-            dr_sh[i] = T.if_then_else(
-                t0 + i < end,
-                T.exp2((g_cumsum[0, T.min(t0 + C, end) - 1, bh] - g_cumsum[0, T.min(t0 + i, end - 1), bh]) * LOG2E),
-                0.0,
-            )
 
     # ---- WG0, the chain ----
     @T.macro
@@ -184,144 +215,175 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
 
     # ---- WG2, the A side ----
     @T.macro
-    def aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, dr_sh, p_sh, w_sh, vn_sh, dqk_sh,
-                      cc, cv, ag, pr):  # fmt: skip
-        """A0's upper triangle cleared; P; W; Vn = Ag W (Ag a register operand); D_r Vn into V's tile; dO Vn^T:
-        dQK and the pair terms' first part P o dO Vn^T (pr, kept for dvn_ready)."""
-        for i, j in T.Parallel(C, C):  # a select, not a conditional store: whole 16-byte rows of the tile
-            a_sh[i, j] = T.if_then_else(i >= j, a_sh[i, j], T.cast(0, dtype))
+    def aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh, dqk_sh, cc, cv, ag,
+                      pr, gm, cb, drf, t0, end):  # fmt: skip
+        """A0's upper triangle cleared; Gamma once into gm (registers, for the chunk's four gated passes); P; W;
+        Vn = Ag W (Ag a register operand); D_r Vn into V's tile; dO Vn^T: dQK and the pair terms' first part
+        P o dO Vn^T (pr, kept for dvn_ready). The [C, C] bf16 tiles leave through cb by fragment copies (stmatrix),
+        not element stores."""
+        # through registers: in place, TileLang put a warpgroup barrier in each of the pass's unrolled steps
+        T.copy(a_sh, cb)
+        for i, j in T.Parallel(C, C):
+            cb[i, j] = T.if_then_else(i >= j, cb[i, j], T.cast(0, dtype))
+        T.copy(cb, a_sh)
         mm(q_sh, k_sh, cc, transpose_b=True)
         for i, j in T.Parallel(C, C):
-            p_sh[i, j] = T.cast(scale * gam(g_sh, i, j) * cc[i, j], dtype)
+            if GAMMA_IN_REGISTERS:
+                gm[i, j] = gam(g_sh, i, j)
+            cb[i, j] = T.cast(scale * gmv(gm, g_sh, i, j) * cc[i, j], dtype)
+        T.copy(cb, p_sh)
         mm(k_sh, s_sh, cv)
         for i, j in T.Parallel(C, dv):
             w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
         for i, j in T.Parallel(C, C):
-            ag[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gam(g_sh, i, j) * b_sh[j], dtype)
+            ag[i, j] = T.cast(T.cast(a_sh[i, j], acc) * gmv(gm, g_sh, i, j) * b_sh[j], dtype)
         wg_sync(BAR_ASIDE)  # W and A0's cleared triangle; every read of V is done
         mm(ag, w_sh, cv)
+        T.copy(cv, vn_sh)
+        gates_r(g_sh, drf, t0, end)
         for i, j in T.Parallel(C, dv):
-            vn_sh[i, j] = T.cast(cv[i, j], dtype)
-            v_sh[i, j] = T.cast(dr_sh[i] * cv[i, j], dtype)  # D_r Vn, dk's operand (WG1)
+            cv[i, j] = drf[i] * cv[i, j]
+        T.copy(cv, v_sh)  # D_r Vn, dk's operand (WG1)
         wg_sync(BAR_ASIDE)
         mm(do_sh, vn_sh, cc, transpose_b=True)
         for i, j in T.Parallel(C, C):
-            dqk_sh[i, j] = T.cast(scale * gam(g_sh, i, j) * cc[i, j], dtype)
-            pr[i, j] = T.cast(p_sh[i, j], acc) * cc[i, j]
+            pr[i, j] = T.cast(cb[i, j], acc) * cc[i, j]  # cb: P as rounded
+            cb[i, j] = T.cast(scale * gmv(gm, g_sh, i, j) * cc[i, j], dtype)
+        T.copy(cb, dqk_sh)
 
     @T.macro
-    def aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, rowp_sh, red):
+    def aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p):
         """dAg = (dVn W^T) o L (dVn in Vn's tile): the pair terms' second part; dA0 = dAg o Gamma diag(beta);
         the pair terms' row sums. Their column sums need no cross-warp reduction: colsum(P o dO Vn^T)_j =
         <Vn, P^T dO>_j and colsum(dAg o Agb)_j = beta_j <W, dW~>_j, both WG1's (kside_pt_do, kside_dw)."""
         mm(vn_sh, w_sh, cc, transpose_b=True)
         for i, j in T.Parallel(C, C):
-            pr[i, j] = pr[i, j] + T.if_then_else(
-                i >= j, cc[i, j] * T.cast(a_sh[i, j], acc) * b_sh[j] * gam(g_sh, i, j), 0.0
-            )
-            da0_sh[i, j] = T.cast(T.if_then_else(i >= j, cc[i, j] * gam(g_sh, i, j) * b_sh[j], 0.0), dtype)
-        row_sum(pr, rowp_sh, red)
+            cc[i, j] = T.if_then_else(i >= j, cc[i, j] * gmv(gm, g_sh, i, j) * b_sh[j], 0.0)  # dA0 in fp32
+            pr[i, j] = pr[i, j] + cc[i, j] * T.cast(a_sh[i, j], acc)
+            cb[i, j] = T.cast(cc[i, j], dtype)
+        T.copy(cb, da0_sh)
+        row_sum(pr, red_p)
 
     @T.macro
-    def aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, rowa_sh, red):
+    def aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a):
         """dM = -A0^T dA0 A0^T, dL = StrictLower(dM), dKKt = diag(beta) dL (into P's tile: dk's operand, WG1), dbeta's
         second part rowsum(dL o K K^T)."""
         mm(a_sh, da0_sh, cc, transpose_a=True)
         for i, j in T.Parallel(C, C):
-            p_sh[i, j] = T.cast(cc[i, j], dtype)  # T
+            cb[i, j] = T.cast(cc[i, j], dtype)  # T
+        T.copy(cb, p_sh)
         wg_sync(BAR_ASIDE)
         mm(p_sh, a_sh, cc, transpose_b=True)
         mm(k_sh, k_sh, cc2, transpose_b=True)
         wg_sync(BAR_ASIDE)  # every warp's products have read T
         for i, j in T.Parallel(C, C):
             cc[i, j] = T.if_then_else(i > j, -cc[i, j], 0.0)
-            p_sh[i, j] = T.cast(b_sh[i] * cc[i, j], dtype)  # dKKt
+            cb[i, j] = T.cast(b_sh[i] * cc[i, j], dtype)  # dKKt
             cc2[i, j] = cc[i, j] * cc2[i, j]
-        row_sum(cc2, rowa_sh, red)
+        T.copy(cb, p_sh)
+        row_sum(cc2, red_a)
 
     @T.macro
-    def aside_dq(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, rowq_sh, red, dq_v, t0, end, bh):
-        """dq = scale D (dO S^T) + dQK K, with D_i scale <dO, QS>_i = rowsum(Q o the first product) (rev 12)."""
+    def dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh):
+        """dq = scale D (dO S^T) + dQK K, with D_i scale <dO, QS>_i = rowsum(Q o the first product) (rev 12). WG1's
+        by default, after dk (its accumulator again): the A side is the busiest role, and this pair of products
+        held 128 of its registers; WG2's with dq_aside."""
         mm(do_sh, s_sh, ck, transpose_b=True)
         for i, j in T.Parallel(C, dk):
             ck[i, j] = scale * d_sh[i] * ck[i, j]
             tmp[i, j] = ck[i, j] * T.cast(q_sh[i, j], acc)
-        row_sum(tmp, rowq_sh, red)
+        row_sum(tmp, red_q)
         mm(dqk_sh, k_sh, ck, clear=False)
         for i, j in T.Parallel(C, dk):
             if t0 + i < end:
                 dq_v[0, t0 + i, bh, j] = ck[i, j]
 
     @T.macro
-    def aside_dg(d_sh, b_sh, part_sh, x_sh, rowb_sh, cola_sh, rowp_sh, colp_sh, rowq_sh, rowa_sh, tot, dg, dbeta, t0,
-                 end, bh):  # fmt: skip
-        """dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + rowsum(pair)_i - colsum(pair)_i (into rowq_sh); dg_i =
-        the sum of dgc_j over the valid j >= i, plus dgamma = sum_j x_j + exp(gamma) <S, dS'> (every row); dbeta."""
-        wg_sync(BAR_ASIDE)  # this warpgroup's row sums
-        for i in T.Parallel(C):
-            rowq_sh[i] = T.if_then_else(
-                t0 + i < end,
-                rowq_sh[i] + rowb_sh[i] - x_sh[i] + rowp_sh[i] - colp_sh[i] - b_sh[i] * cola_sh[i],
-                0.0,
-            )
+    def aside_dg(d_sh, part_sh, x_sh, comb_sh, cola_sh, dgc_sh, red_p, red_a, red_q, tot, dg, dbeta, t0, end, bh):
+        """dgc_i = D_i scale <dO, QS>_i - <D dW, KS>_i - x_i + rowsum(pair)_i - colsum(pair)_i (WG1's comb_sh has all
+        but the pair rows, red_p, and with dq_aside D scale <dO, QS>, red_q); dg_i = the sum of dgc_j over the valid
+        j >= i, plus dgamma = sum_j x_j + exp(gamma) <S, dS'> (every row); dbeta = WG1's part + red_a."""
+        for i in T.Parallel(C):  # the threads holding row i's sums write it (the same value each)
+            if dq_aside:
+                dgc_sh[i] = T.if_then_else(t0 + i < end, comb_sh[i] + red_p[i] + red_q[i], 0.0)
+            else:
+                dgc_sh[i] = T.if_then_else(t0 + i < end, comb_sh[i] + red_p[i], 0.0)
+            if t0 + i < end:
+                dbeta[0, t0 + i, bh] = cola_sh[i] + red_a[i]
         wg_sync(BAR_ASIDE)
         for i in T.Parallel(C):
             tot[0] = (part_sh[0] + part_sh[1] + part_sh[2] + part_sh[3]) * d_sh[C - 1]
             for j in T.serial(C):
-                tot[0] = tot[0] + x_sh[j] + T.if_then_else(j >= i, rowq_sh[j], 0.0)
+                tot[0] = tot[0] + x_sh[j] + T.if_then_else(j >= i, dgc_sh[j], 0.0)
             if t0 + i < end:
                 dg[0, t0 + i, bh] = tot[0]
-                dbeta[0, t0 + i, bh] = cola_sh[i] + rowa_sh[i]
 
     # ---- WG1, the K side ----
     @T.macro
-    def kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, colp_sh, red):
+    def kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, red_p):
         """P^T dO, dVn's state-free part, before WG1 waits for dS'; colsum(P o dO Vn^T)_j = <Vn, P^T dO>_j for dg."""
         mm(p_sh, do_sh, u, transpose_a=True)
         for i, j in T.Parallel(C, dv):
             tmp[i, j] = u[i, j] * T.cast(vn_sh[i, j], acc)
-        row_sum(tmp, colp_sh, red)
+        row_sum(tmp, red_p)
 
     @T.macro
-    def kside_dvn_state(k_sh, ds_sh, dr_sh, vn_sh, u, cv):
-        """dVn = P^T dO + D_r (K dS') into Vn's tile (WG2 has read Vn by a_ready; this warpgroup by the sync)."""
+    def kside_dvn_state(k_sh, ds_sh, g_sh, vn_sh, u, cv, drf, t0, end):
+        """dVn = P^T dO + D_r (K dS') into Vn's tile (WG2 has read Vn by a_ready; this warpgroup by the sync), by a
+        fragment copy (stmatrix; the element stores had a warpgroup barrier in each unrolled step)."""
         mm(k_sh, ds_sh, cv)
-        wg_sync(BAR_KSIDE)
+        gates_r(g_sh, drf, t0, end)
         for i, j in T.Parallel(C, dv):
-            vn_sh[i, j] = T.cast(dr_sh[i] * cv[i, j] + u[i, j], dtype)
+            cv[i, j] = drf[i] * cv[i, j] + u[i, j]
+        wg_sync(BAR_KSIDE)
+        T.copy(cv, vn_sh)
 
     @T.macro
-    def kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, cola_sh, red, dv_out, t0, end, bh):
+    def kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, red_a, dv_out, t0, end, bh):
         """dW~ = (Gamma o A0)^T dVn ((.)^T a register operand); dbeta's first part rowsum(W o dW~); dv = diag(beta)
-        dW~ (stored); -D dW for the chain and dk."""
+        dW~ (stored); -D dW for the chain and dk (a fragment copy)."""
         for i, j in T.Parallel(C, C):
             agt[i, j] = T.cast(T.cast(a_sh[j, i], acc) * gam(g_sh, j, i), dtype)
         mm(agt, vn_sh, cv)
         for i, j in T.Parallel(C, dv):
             tmp[i, j] = cv[i, j] * T.cast(w_sh[i, j], acc)
-        row_sum(tmp, cola_sh, red)
+        row_sum(tmp, red_a)
         for i, j in T.Parallel(C, dv):
             cv[i, j] = b_sh[i] * cv[i, j]
         for i, j in T.Parallel(C, dv):
             if t0 + i < end:
                 dv_out[0, t0 + i, bh, j] = T.cast(cv[i, j], dtype)
-            ndwd_sh[i, j] = T.cast(-d_sh[i] * cv[i, j], dtype)
+        for i, j in T.Parallel(C, dv):
+            cv[i, j] = -d_sh[i] * cv[i, j]
+        T.copy(cv, ndwd_sh)
 
     @T.macro
-    def kside_rowb(k_sh, s_sh, ndwd_sh, cv, rowb_sh, red):
+    def kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b):
         """-<D dW, K S>_i (K S again: WG2's is gone)."""
         mm(k_sh, s_sh, cv)
         for i, j in T.Parallel(C, dv):
             cv[i, j] = cv[i, j] * T.cast(ndwd_sh[i, j], acc)
-        row_sum(cv, rowb_sh, red)
+        row_sum(cv, red_b)
 
     @T.macro
-    def kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, x_sh, red):
+    def kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x):
         """dk's first product D_r Vn dS'^T (D_r Vn in V's tile); x_i = rowsum(K o it)."""
         mm(v_sh, ds_sh, ck, transpose_b=True)
         for i, j in T.Parallel(C, dk):
             tmp[i, j] = ck[i, j] * T.cast(k_sh[i, j], acc)
-        row_sum(tmp, x_sh, red)
+        row_sum(tmp, red_x)
+
+    @T.macro
+    def kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q):
+        """dg's and dbeta's row terms of this warpgroup, for WG2 (k_done): comb = <D dW, KS> terms - x - colsum(pair)
+        (+ D scale <dO, QS> unless dq_aside), x, and dbeta's first part."""
+        for i in T.Parallel(C):  # the threads holding row i's sums write it (the same value each)
+            if dq_aside:
+                comb_sh[i] = red_b[i] - red_x[i] - red_p[i] - b_sh[i] * red_a[i]
+            else:
+                comb_sh[i] = red_q[i] + red_b[i] - red_x[i] - red_p[i] - b_sh[i] * red_a[i]
+            x_sh[i] = red_x[i]
+            cola_sh[i] = red_a[i]
 
     @T.macro
     def kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh):
@@ -379,7 +441,6 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
             g_sh = alloc_sh((C,), acc)
             b_sh = alloc_sh((C,), acc)
             d_sh = alloc_sh((C,), acc)
-            dr_sh = alloc_sh((C,), acc)
             # hand-offs
             ds_sh = alloc_sh((dk, dv), dtype)  # bf16 dS' (WG0)
             w_sh = alloc_sh((C, dv), dtype)  # W (WG2)
@@ -390,13 +451,12 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
             dqk_sh = alloc_sh((C, C), dtype)  # dQK (WG2)
             da0_sh = alloc_sh((C, C), dtype)  # dA0 (WG2's own)
             part_sh = alloc_sh((4,), acc)  # <S, dS'> per WG0 warp
+            # dg's and dbeta's row terms: WG1's three vectors (kside_publish), WG2's dgc; the other row sums stay
+            # in registers (the shared memory is full: the mbarriers' static 16 bytes are padded to 1 KiB)
+            comb_sh = alloc_sh((C,), acc)
             x_sh = alloc_sh((C,), acc)
-            rowb_sh = alloc_sh((C,), acc)
             cola_sh = alloc_sh((C,), acc)
-            rowp_sh = alloc_sh((C,), acc)
-            colp_sh = alloc_sh((C,), acc)  # colsum(P o dO Vn^T) (WG1)
-            rowq_sh = alloc_sh((C,), acc)
-            rowa_sh = alloc_sh((C,), acc)
+            dgc_sh = alloc_sh((C,), acc)
 
             if cpu_debug:
                 sds = alloc_acc((dk, dv))
@@ -407,35 +467,39 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
                 u = alloc_acc((C, dv))
                 ck = alloc_acc((C, dk))
                 tmp = alloc_acc((C, dk))
-                ckq = alloc_acc((C, dk))
                 tot = alloc_sh((1,), acc)
                 ag = alloc_frag((C, C), dtype)
                 agt = alloc_frag((C, C), dtype)
+                gm = alloc_acc((C, C))
+                cb = alloc_frag((C, C), dtype)
+                red_b, red_x, red_p, red_a, red_q = (alloc_sh((C,), acc) for _ in range(5))  # WG1's
+                red_p2, red_a2 = alloc_sh((C,), acc), alloc_sh((C,), acc)  # WG2's
+                drf = alloc_sh((C,), acc)
                 for i, j in T.Parallel(dk, dv):
                     sds[i, j] = ds_slots[piece, bh, i, j]
                 for it in T.serial(n_iter):
                     bc = c_last - it
                     t0 = t_last - it * C
                     load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh,
-                                g_sh, b_sh, d_sh, dr_sh, bc, t0, end, bh, bhg)  # fmt: skip
+                                g_sh, b_sh, d_sh, bc, t0, end, bh, bhg)  # fmt: skip
                     # one order the hand-offs allow
                     chain_publish(sds, ds_sh, s_sh, part_sh, None)
-                    aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, dr_sh, p_sh, w_sh, vn_sh,
-                                  dqk_sh, cc, cv, ag, pr)  # fmt: skip
-                    kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, colp_sh, None)
-                    kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, x_sh, None)
-                    kside_dvn_state(k_sh, ds_sh, dr_sh, vn_sh, u, cv)
+                    aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh, dqk_sh, cc,
+                                  cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
+                    kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, red_p)
+                    kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
+                    kside_dvn_state(k_sh, ds_sh, g_sh, vn_sh, u, cv, drf, t0, end)
                     chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
-                    kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, cola_sh, None, dv_out, t0,
-                             end, bh)  # fmt: skip
+                    kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, red_a, dv_out, t0, end, bh)
                     mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)  # the chain's last product
-                    aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, rowp_sh, None)
-                    kside_rowb(k_sh, s_sh, ndwd_sh, cv, rowb_sh, None)
-                    aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, rowa_sh, None)
-                    aside_dq(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ckq, tmp, rowq_sh, None, dq_v, t0, end, bh)
+                    aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
+                    kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
+                    aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
                     kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
-                    aside_dg(d_sh, b_sh, part_sh, x_sh, rowb_sh, cola_sh, rowp_sh, colp_sh, rowq_sh, rowa_sh, tot, dg,
-                             dbeta, t0, end, bh)  # fmt: skip
+                    dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
+                    kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                    aside_dg(d_sh, part_sh, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, red_q, tot, dg, dbeta, t0,
+                             end, bh)  # fmt: skip
                 for i, j in T.Parallel(dk, dv):
                     ds_slots[piece, bh, i, j] = sds[i, j]
             else:
@@ -452,7 +516,7 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
                 spent = T.alloc_local((NUM_PHASES,), "int64")
                 # the walk's first chunk (a sequence's last, perhaps partial), masked, by every thread
                 load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh,
-                            b_sh, d_sh, dr_sh, c_last, t_last, end, bh, bhg)  # fmt: skip
+                            b_sh, d_sh, c_last, t_last, end, bh, bhg)  # fmt: skip
                 T.fence_proxy_async()
                 T.sync_threads()
 
@@ -485,7 +549,12 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
                     ck = T.alloc_fragment((C, dk), acc)
                     tmp = T.alloc_fragment((C, dk), acc)
                     agt = T.alloc_fragment((C, C), dtype)
-                    red = T.alloc_fragment((C,), acc)
+                    red_b = T.alloc_fragment((C,), acc)
+                    red_x = T.alloc_fragment((C,), acc)
+                    red_p = T.alloc_fragment((C,), acc)
+                    red_a = T.alloc_fragment((C,), acc)
+                    red_q = T.alloc_fragment((C,), acc)
+                    drf = T.alloc_fragment((C,), acc)
                     tick_start(clk, spent)
                     for it in T.serial(n_iter):
                         t0 = t_last - it * C
@@ -494,29 +563,36 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
                         tick(clk, spent, 0)
                         T.barrier_wait(a_ready, it % 2)
                         tick(clk, spent, 1)
-                        kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, colp_sh, red)
+                        kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, red_p)
                         tick(clk, spent, 2)
                         T.barrier_wait(ds_ready, it % 2)
                         tick(clk, spent, 3)
-                        kside_dvn_state(k_sh, ds_sh, dr_sh, vn_sh, u, cv)
+                        kside_dvn_state(k_sh, ds_sh, g_sh, vn_sh, u, cv, drf, t0, end)
                         arrive(dvn_ready)
                         tick(clk, spent, 4)
                         wg_sync(BAR_KSIDE)  # dVn in shared memory for this warpgroup's own product
-                        kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, cola_sh, red, dv_out,
-                                 t0, end, bh)  # fmt: skip
+                        kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, red_a, dv_out, t0, end,
+                                 bh)  # fmt: skip
                         arrive(dwd_ready)
                         tick(clk, spent, 5)
                         wg_sync(BAR_KSIDE)
-                        kside_rowb(k_sh, s_sh, ndwd_sh, cv, rowb_sh, red)
+                        kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
                         tick(clk, spent, 6)
-                        kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, x_sh, red)
-                        arrive(k_done)
+                        kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
+                        if dq_aside:
+                            kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                            arrive(k_done)
                         tick(clk, spent, 7)
                         T.barrier_wait(dq_ready, it % 2)
                         tick(clk, spent, 8)
                         kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
-                        arrive(inputs_free)
                         tick(clk, spent, 9)
+                        if not dq_aside:
+                            dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
+                            kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                            arrive(k_done)
+                        arrive(inputs_free)
+                        tick(clk, spent, 9 if dq_aside else 10)
                     tick_store(prof, bid, 1, spent)
                 elif tx < 3 * WG:
                     T.set_max_nreg(NREG_ASIDE, 1)
@@ -524,10 +600,14 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
                     cc2 = T.alloc_fragment((C, C), acc)
                     pr = T.alloc_fragment((C, C), acc)
                     cv = T.alloc_fragment((C, dv), acc)
-                    ck = T.alloc_fragment((C, dk), acc)
-                    tmp = T.alloc_fragment((C, dk), acc)
                     ag = T.alloc_fragment((C, C), dtype)
-                    red = T.alloc_fragment((C,), acc)
+                    gm = T.alloc_fragment((C, C), acc)  # Gamma
+                    cb = T.alloc_fragment((C, C), dtype)  # a [C, C] tile on its way to shared memory
+                    ckq = T.alloc_fragment((C, dk), acc) if dq_aside else None
+                    red_p2 = T.alloc_fragment((C,), acc)
+                    red_a2 = T.alloc_fragment((C,), acc)
+                    red_q2 = T.alloc_fragment((C,), acc) if dq_aside else None
+                    drf = T.alloc_fragment((C,), acc)
                     tot = T.alloc_local((1,), acc)
                     tick_start(clk, spent)
                     for it in T.serial(n_iter):
@@ -535,27 +615,28 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
                         if it > 0:
                             T.barrier_wait(full, (it - 1) % 2)
                         tick(clk, spent, 0)
-                        aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, dr_sh, p_sh, w_sh,
-                                      vn_sh, dqk_sh, cc, cv, ag, pr)  # fmt: skip
+                        aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh, dqk_sh,
+                                      cc, cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
                         arrive(a_ready)
                         tick(clk, spent, 1)
                         T.barrier_wait(dvn_ready, it % 2)
                         tick(clk, spent, 2)
-                        aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, rowp_sh, red)
+                        aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
                         wg_sync(BAR_ASIDE)
                         tick(clk, spent, 3)
-                        aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, rowa_sh, red)
+                        aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
                         arrive(dq_ready)
                         tick(clk, spent, 4)
-                        aside_dq(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, rowq_sh, red, dq_v, t0, end, bh)
-                        tick(clk, spent, 5)
+                        if dq_aside:
+                            dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ckq, cv, red_q2, dq_v, t0, end, bh)
+                            tick(clk, spent, 5)
                         T.barrier_wait(ds_ready, it % 2)
                         T.barrier_wait(k_done, it % 2)
-                        tick(clk, spent, 6)
-                        aside_dg(d_sh, b_sh, part_sh, x_sh, rowb_sh, cola_sh, rowp_sh, colp_sh, rowq_sh, rowa_sh, tot,
-                                 dg, dbeta, t0, end, bh)  # fmt: skip
+                        tick(clk, spent, 6 if dq_aside else 5)
+                        aside_dg(d_sh, part_sh, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, red_q2, tot, dg, dbeta,
+                                 t0, end, bh)  # fmt: skip
                         arrive(inputs_free)
-                        tick(clk, spent, 7)
+                        tick(clk, spent, 7 if dq_aside else 6)
                     tick_store(prof, bid, 2, spent)
                 else:
                     T.set_max_nreg(NREG_LOAD, 0)
@@ -574,7 +655,6 @@ def bwd_fused_ws_program(dk: int, dv: int, scale: float, dtype: str, cpu_debug: 
                                 g_sh[i] = g_cumsum[0, t0 + i, bh]
                                 b_sh[i] = beta[0, t0 + i, bh]
                                 d_sh[i] = T.exp2(g_cumsum[0, t0 + i, bh] * LOG2E)
-                                dr_sh[i] = T.exp2((g_cumsum[0, t0 + C - 1, bh] - g_cumsum[0, t0 + i, bh]) * LOG2E)
                             T.barrier_arrive(full)
 
     if profile:
