@@ -103,11 +103,11 @@ if [ -n "${S23_CP_PIECES:-}" ]; then
   exit 0
 fi
 
-# Session 28 (S28_WS=1): the warp-specialised fused backward ($QLA_BWD_FUSED=ws, bwd/fused_ws.py; CPU-checked and
-# compiled, never run): the float64 checks of the whole backward with it (plain, then CP; a hang in its hand-offs
-# is killed at the step's limit), the profile build's phases per role, then the harness's qwen35-bwd rows on $WS_HEADS three ways (ws, the fused walk,
-# the stages) in one call, then the kernel table at 16/32 with it. Cache: `--only "bwd fused ws"` (with its profile),
-# `--only "bwd fused walk"`, `--only "pass A"`, plus the staged backward's (`--only "bwd chunk grads rev8"`).
+# Session 28 (S28_WS=1): the warp-specialised fused backward ($QLA_BWD_FUSED=ws and ws2, bwd/fused_ws.py; CPU-checked
+# and compiled, never run): the float64 checks of the whole backward with it (plain, then CP; a hang in its hand-offs
+# is killed at the step's limit), the profile build's phases per role (ws and ws2), then the harness's qwen35-bwd rows
+# on $WS_HEADS for each of $WS_VARIANTS (default: ws, ws2 and the stages) in one call, then the kernel table at 16/32.
+# Cache: `--only "bwd fused ws"` (with its profiles), `--only "pass A"`, plus the staged backward's and the forward's.
 if [ -n "${S28_WS:-}" ]; then
   STEP_ENV=QLA_BWD_FUSED=ws step ws-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
   STEP_ENV=QLA_BWD_FUSED=ws step ws-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
@@ -116,7 +116,7 @@ if [ -n "${S28_WS:-}" ]; then
     timeout -s KILL 60 python -m qla_kernels.gdn.profile_bwd --ws "$dest/ws-phases.json" > "$dest/ws-phases.log" 2>&1
     echo "ws-phases rc=$? t=$(( $(date +%s) - t0 )) s"
   fi
-  for v in ws 1 0; do
+  for v in ${WS_VARIANTS:-ws ws2 0}; do
     budget=$(left); (( budget < 40 )) && { echo "skip bwd-fused$v: out of time"; continue; }
     lim=$(( budget < 120 ? budget : 120 ))
     rows=$(mktemp -d /tmp/bwd-ws$v-XXXX)
