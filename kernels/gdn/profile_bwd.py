@@ -69,11 +69,9 @@ def profile_chunk_grads(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, 
     }
 
 
-def profile_fused_walk(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> dict:
-    """The fused walk's profile build ($QLA_BWD_FUSED=1's kernel with clock64 stamps): the mean cycles per chunk
-    of each phase of its step (FUSED_PROFILE_STAMPS), over every CTA (one per sequence and value head, no CP)."""
-    from .bwd.chunk_grads import FUSED_PROFILE_STAMPS, bwd_chunk_grads_kernel
-
+def _walk_inputs(h_qk: int, h_v: int, seqlens: list[int], seed: int) -> tuple:
+    """Random bf16 inputs, the forward, stage 0's states and the walk's outputs for one config: (plan, scale, dtype,
+    walk arguments before ds_slots, outputs after chunk_offsets, CTAs). Shared by the two fused walks' profiles."""
     t = sum(seqlens)
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -96,15 +94,23 @@ def profile_fused_walk(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -
     dk, dv = torch.empty_like(dq), torch.empty_like(vf)
     dbeta = torch.empty(1, t, h_v, dtype=torch.float32, device="cuda")
     dg = torch.empty_like(dbeta)
-    ctas = plan.num_seqs * h_v
+    return (plan, scale, _TL_DTYPE[q.dtype], (qf, kf, vf, gf, bf, af, dof, states), (dq, dk, dbeta, dg, dv),
+            plan.num_seqs * h_v)  # fmt: skip
+
+
+def profile_fused_walk(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -> dict:
+    """The fused walk's profile build ($QLA_BWD_FUSED=1's kernel with clock64 stamps): the mean cycles per chunk
+    of each phase of its step (FUSED_PROFILE_STAMPS), over every CTA (one per sequence and value head, no CP)."""
+    from .bwd.chunk_grads import FUSED_PROFILE_STAMPS, bwd_chunk_grads_kernel
+
+    plan, scale, dt, walk_in, walk_out, ctas = _walk_inputs(h_qk, h_v, seqlens, seed)
     threads, tile, hoist, tma, dw_beta, gamma_frag, _ds_tma, scan = bwd_api.GRADS_FLAGS["rev8"]
-    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], threads, False, True, tile, hoist,
-                                    tma, dw_beta, gamma_frag, False, scan, True, lean=True, fused=True)  # fmt: skip
+    kernel = bwd_chunk_grads_kernel(HEAD_DIM, HEAD_DIM, scale, dt, threads, False, True, tile, hoist, tma, dw_beta,
+                                    gamma_frag, False, scan, True, lean=True, fused=True)  # fmt: skip
     for _ in range(2):  # the first launch loads the module
         slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
         prof = torch.zeros(ctas, len(FUSED_PROFILE_STAMPS) - 1, dtype=torch.int64, device="cuda")
-        kernel(qf, kf, vf, gf, bf, af, dof, states, slots, plan.cu_seqlens, plan.chunk_offsets, dq, dk, dbeta, dg, dv,
-               prof)  # fmt: skip
+        kernel(*walk_in, slots, plan.cu_seqlens, plan.chunk_offsets, *walk_out, prof)
     torch.cuda.synchronize()
     cycles = prof.double().mean(0) * ctas / plan.num_chunks / h_v  # per chunk step
     names = FUSED_PROFILE_STAMPS
@@ -126,37 +132,14 @@ def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, dq_
     dq_aside: $QLA_BWD_FUSED=ws2's kernel."""
     from .bwd.fused_ws import NUM_PHASES, bwd_fused_ws_kernel, phases
 
-    t = sum(seqlens)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, device="cuda", generator=gen)
-
-    q = torch.nn.functional.normalize(rnd(1, t, h_qk, HEAD_DIM), dim=-1).bfloat16()
-    k = torch.nn.functional.normalize(rnd(1, t, h_qk, HEAD_DIM), dim=-1).bfloat16()
-    v, do = rnd(1, t, h_v, HEAD_DIM).bfloat16(), rnd(1, t, h_v, HEAD_DIM).bfloat16()
-    g = -torch.rand(1, t, h_v, device="cuda", generator=gen) * 0.1
-    beta = torch.rand(1, t, h_v, device="cuda", generator=gen)
-    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    fwd = chunk_gated_delta_rule_fwd(q, k, v, g, beta, cu_seqlens=cu)
-    scale = HEAD_DIM**-0.5
-    plan = _plan(q, cu)
-    qf, kf, vf, af, dof = (pack_tokens(x) for x in (q, k, v, fwd.a0, do))
-    gf, bf = (pack_tokens(x).float() for x in (fwd.g_cumsum, beta))
-    states = bwd_api.chunk_states(qf, kf, vf, gf, bf, af, None, plan, scale)
-    dq = torch.empty(1, t, h_v, HEAD_DIM, dtype=torch.float32, device="cuda")
-    dk, dv = torch.empty_like(dq), torch.empty_like(vf)
-    dbeta = torch.empty(1, t, h_v, dtype=torch.float32, device="cuda")
-    dg = torch.empty_like(dbeta)
-    ctas = plan.num_seqs * h_v
-    kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[q.dtype], profile=True, dq_aside=dq_aside)
+    plan, scale, dt, walk_in, walk_out, ctas = _walk_inputs(h_qk, h_v, seqlens, seed)
+    kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, profile=True, dq_aside=dq_aside)
     width = NUM_PHASES
     names = phases(dq_aside)
     for _ in range(2):  # the first launch loads the module
         slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
         prof = torch.zeros(ctas, 3, width, dtype=torch.int64, device="cuda")
-        kernel(qf, kf, vf, gf, bf, af, dof, states, slots, plan.cu_seqlens, plan.chunk_offsets, dq, dk, dbeta, dg, dv,
-               prof)  # fmt: skip
+        kernel(*walk_in, slots, plan.cu_seqlens, plan.chunk_offsets, *walk_out, prof)
     torch.cuda.synchronize()
     cycles = prof.double().mean(0) * ctas / plan.num_chunks / h_v  # per chunk step
     roles = ("chain (WG0)", "K side (WG1)", "A side (WG2)")
