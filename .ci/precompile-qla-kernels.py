@@ -151,6 +151,11 @@ def variants() -> list[tuple[str, str, tuple]]:
     for aside in (False, True):
         out.append((f"bwd fused ws{'2' if aside else ''} profile", "bwd_fused_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, True, aside)))  # fmt: skip
+    for dt in ("bfloat16", "float16"):  # $QLA_BWD_FUSED=ws3: the early-release schedule
+        out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd fused ws3", "bwd_fused_ws_kernel",
+                    (HEAD_DIM, HEAD_DIM, SCALE, dt, False, False, False, True)))  # fmt: skip
+    out.append(("bwd fused ws3 profile", "bwd_fused_ws_kernel",
+                (HEAD_DIM, HEAD_DIM, SCALE, "bfloat16", False, True, False, True)))  # fmt: skip
     for dt in ("bfloat16", "float16"):  # stage 2 rev 11 (bwd_api.WS_GRADS_REVS: its own program)
         out.append((f"{'fp16 ' if dt == 'float16' else ''}bwd chunk grads rev11 ws", "bwd_chunk_grads_ws_kernel",
                     (HEAD_DIM, HEAD_DIM, SCALE, dt)))  # fmt: skip

@@ -164,9 +164,10 @@ DEFAULT_BWD_OVERLAP = False
 # bwd_cp_plan.choose_fused_cp. "2" is the walk with the next chunk's K, S, Q and dO loaded during the step's dg
 # tail (bwd_chunk_grads_program's prefetch), for an A/B against "1". "ws" (session 28, bwd/fused_ws.py) is the same
 # walk and math warp-specialised: the chain, the K side, the A side and a TMA producer in one CTA, concurrently
-# (CPU-checked and compiled, not yet run on a GPU); "ws2" is "ws" with dq formed by the A side beside the K side's dk.
+# (session 28, H100: 1.37-1.45x the stages without CP); "ws2" is "ws" with dq formed by the A side beside the K
+# side's dk (slower); "ws3" (session 29) is "ws" on the early-release schedule (fused_ws.py's early_release).
 BWD_FUSED_ENV = "QLA_BWD_FUSED"
-BWD_FUSED_CHOICES = ("0", "1", "2", "ws", "ws2")
+BWD_FUSED_CHOICES = ("0", "1", "2", "ws", "ws2", "ws3")
 DEFAULT_BWD_FUSED = "0"
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
@@ -521,8 +522,9 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
                 ws: str = ""):  # fmt: skip
     """The fused walk over the sequences or pieces `cu` (chunk_offsets: their first chunks' indices in states):
     slots [P,H_v,K,V] fp32 holds each piece's end gradient and leaves with its start gradient. Returns dq, dk per
-    value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype. ws "ws" or "ws2":
-    the warp-specialised program (bwd/fused_ws.py; "ws2" its dq_aside build), same signature."""
+    value head [1,T,H_v,K] fp32, dbeta, dg [1,T,H_v] fp32 and dv [1,T,H_v,V] in the input dtype. ws "ws", "ws2" or
+    "ws3": the warp-specialised program (bwd/fused_ws.py; "ws2" its dq_aside build, "ws3" its early_release one),
+    same signature."""
     from .bwd.chunk_grads import bwd_chunk_grads_kernel
     from .bwd.fused_ws import bwd_fused_ws_kernel
 
@@ -532,7 +534,9 @@ def _fused_walk(qf, kf, vf, gf, bf, af, dof, states, slots, cu, chunk_offsets, s
     dbeta = torch.empty(1, nt, h_v, dtype=torch.float32, device=qf.device)
     dg = torch.empty_like(dbeta)
     dv = torch.empty_like(vf)
-    if ws:
+    if ws == "ws3":
+        kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], early_release=True)
+    elif ws:
         kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, _TL_DTYPE[qf.dtype], dq_aside=ws == "ws2")
     else:
         args, kwargs = fused_walk_program_args(scale, _TL_DTYPE[qf.dtype], prefetch)

@@ -9,7 +9,7 @@ tool: the stamps add a barrier each, so its numbers go to NOTES.md, never into r
     python -m qla_kernels.gdn.profile_bwd OUT.json [rev1,rev2,...: bwd_api.GRADS_FLAGS keys]
     python -m qla_kernels.gdn.profile_bwd --kernels OUT.json   # every kernel of one whole backward
     python -m qla_kernels.gdn.profile_bwd --fused OUT.json     # the fused walk's step by phase ($QLA_BWD_FUSED)
-    python -m qla_kernels.gdn.profile_bwd --ws OUT.json        # the warp-specialised walk's roles by phase
+    python -m qla_kernels.gdn.profile_bwd --ws OUT.json [ws,ws2,ws3]  # the warp-specialised walk's roles by phase
 """
 
 from __future__ import annotations
@@ -125,17 +125,22 @@ def profile_fused_walk(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0) -
     }
 
 
-def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, dq_aside: bool = False) -> dict:
+def profile_fused_ws(
+    h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, dq_aside: bool = False, early_release: bool = False
+) -> dict:
     """The warp-specialised walk's profile build ($QLA_BWD_FUSED=ws's kernel, bwd/fused_ws.py): the mean cycles
     per chunk of each phase of each consumer warpgroup (fused_ws.PHASES), over every CTA (no CP). The roles run
     concurrently, so a chunk step is each role's sum, not the sum over roles; the waits say who waits for whom.
-    dq_aside: $QLA_BWD_FUSED=ws2's kernel."""
+    dq_aside: $QLA_BWD_FUSED=ws2's kernel; early_release: ws3's."""
     from .bwd.fused_ws import NUM_PHASES, bwd_fused_ws_kernel, phases
 
     plan, scale, dt, walk_in, walk_out, ctas = _walk_inputs(h_qk, h_v, seqlens, seed)
-    kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, profile=True, dq_aside=dq_aside)
+    if early_release:
+        kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, profile=True, early_release=True)
+    else:
+        kernel = bwd_fused_ws_kernel(HEAD_DIM, HEAD_DIM, scale, dt, profile=True, dq_aside=dq_aside)
     width = NUM_PHASES
-    names = phases(dq_aside)
+    names = phases(dq_aside, early_release)
     for _ in range(2):  # the first launch loads the module
         slots = torch.zeros(plan.num_seqs, h_v, HEAD_DIM, HEAD_DIM, dtype=torch.float32, device="cuda")
         prof = torch.zeros(ctas, 3, width, dtype=torch.int64, device="cuda")
@@ -149,7 +154,7 @@ def profile_fused_ws(h_qk: int, h_v: int, seqlens: list[int], seed: int = 0, dq_
             "h_v": h_v,
             "seqlens": seqlens,
             "ctas": ctas,
-            "kernel": f"fused ws{'2' if dq_aside else ''} (rev 12 math)",
+            "kernel": f"fused ws{'3' if early_release else '2' if dq_aside else ''} (rev 12 math)",
         },
         "mean_cycles_per_chunk_phase": {
             role: {name: round(cycles[r, i].item(), 1) for i, name in enumerate(names[r])}
@@ -223,7 +228,8 @@ def main(argv: list[str]) -> None:
         return
     if argv and argv[0] == "--ws":
         path = argv[1] if len(argv) > 1 else "bwd_ws_phases.json"
-        results = [profile_fused_ws(16, 32, lens, dq_aside=aside) for aside in (False, True)
+        variants = [v for v in (argv[2] if len(argv) > 2 else "ws,ws3").split(",") if v]
+        results = [profile_fused_ws(16, 32, lens, dq_aside=v == "ws2", early_release=v == "ws3") for v in variants
                    for lens in ([8192] * 4, [2048] * 4)]  # fmt: skip
         with open(path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)

@@ -194,10 +194,10 @@ def _fused_walk() -> tuple[object, dict]:
     return bwd_chunk_grads_program(*args, **kwargs), MERGED_PASS_CONFIGS
 
 
-def _fused_ws() -> tuple[object, dict]:
+def _fused_ws(early_release: bool = False) -> tuple[object, dict]:
     from .bwd.fused_ws import PASS_CONFIGS, bwd_fused_ws_program
 
-    return bwd_fused_ws_program(128, 128, 128**-0.5, "bfloat16"), PASS_CONFIGS
+    return bwd_fused_ws_program(128, 128, 128**-0.5, "bfloat16", early_release=early_release), PASS_CONFIGS
 
 
 # name -> (what it is, program factory)
@@ -209,6 +209,7 @@ NAMES: dict[str, tuple[str, Callable[[], tuple[object, dict]]]] = {
     "ws12": ("forward's default fused kernel (rev 9, BV = 128)", _ws12),
     "fused-walk": ("the fused backward walk ($QLA_BWD_FUSED=1)", _fused_walk),
     "fused-ws": ("the warp-specialised fused backward ($QLA_BWD_FUSED=ws)", _fused_ws),
+    "fused-ws3": ("the same on the early-release schedule ($QLA_BWD_FUSED=ws3)", lambda: _fused_ws(True)),
 }
 
 

@@ -175,16 +175,18 @@ def test_fused_walk_matches_float64(fused_kernel, case):
     check_fused(fused_kernel, case)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["ws", "ws2-dq-aside"])
+@pytest.fixture(scope="module", params=["ws", "ws2", "ws3"], ids=["ws", "ws2-dq-aside", "ws3-early-release"])
 def fused_ws_kernel(request):
     cfg = {**PASS_CONFIGS, tilelang.PassConfigKey.TIR_DISABLE_VECTORIZE: True}
-    return tilelang.compile(bwd_fused_ws_program(D, D, SCALE, "float32", cpu_debug=True, dq_aside=request.param),
-                            target="c", pass_configs=cfg)  # fmt: skip
+    program = bwd_fused_ws_program(D, D, SCALE, "float32", cpu_debug=True, dq_aside=request.param == "ws2",
+                                   early_release=request.param == "ws3")  # fmt: skip
+    return tilelang.compile(program, target="c", pass_configs=cfg)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}/{c[2]}")
 def test_fused_ws_matches_float64(fused_ws_kernel, case):
     """The warp-specialised fused backward (session 28, bwd/fused_ws.py): its role phases, run one after another
     in an order the hand-offs allow, with the GPU build's buffer reuse (V's tile holding D_r Vn, Vn's dVn, P's T
-    and dKKt, dA0's dKKt + dKKt^T). Every gradient, dv and dh0 against float64."""
+    and dKKt, dA0's dKKt + dKKt^T; ws3: dVn in the tile of WG0's scale D dO parts). Every gradient, dv and dh0
+    against float64."""
     check_fused(fused_ws_kernel, case)

@@ -552,14 +552,16 @@ def test_kkt_solve_v9_compiles(lean):
     assert 0 < rep.dyn_smem_bytes <= 227 * 1024 // 4 - 1024, rep.line()
 
 
-def test_bwd_fused_ws_compiles():
-    """The warp-specialised fused backward ($QLA_BWD_FUSED=ws): within shared memory with every tile single-buffered
-    (no merged plan), wgmma in every role, eight mbarriers, no cross-warp reduction (its bar.sync ids 1 and 2 would
-    meet the roles' own named barriers), unserialised wgmma and spills of at most 256 B (session 28: 172/216 B, mostly
-    WG2's around its first products)."""
+@pytest.mark.parametrize("early_release", [False, True], ids=["ws", "ws3"])
+def test_bwd_fused_ws_compiles(early_release):
+    """The warp-specialised fused backward ($QLA_BWD_FUSED=ws, and ws3 on the early-release schedule): within shared
+    memory with every tile single-buffered (no merged plan), wgmma in every role, eight mbarriers (twelve for ws3), no
+    cross-warp reduction (its bar.sync ids 1 and 2 would meet the roles' own named barriers), unserialised wgmma and
+    spills of at most 256 B (session 28: 172/216 B, mostly WG2's around its first products)."""
     from qla_kernels.gdn.bwd.fused_ws import BAR_ASIDE, BAR_CHAIN, BAR_KSIDE, PASS_CONFIGS, bwd_fused_ws_program
 
-    rep = build_sm90a(bwd_fused_ws_program(128, 128, 128**-0.5, "bfloat16"), PASS_CONFIGS)
+    program = bwd_fused_ws_program(128, 128, 128**-0.5, "bfloat16", early_release=early_release)
+    rep = build_sm90a(program, PASS_CONFIGS)
     print(rep.line())
     # the mbarriers are static shared memory, padded to 1 KiB by the dynamic buffer's 1024-byte alignment: over
     # 231424 B of dynamic memory, cudaFuncSetAttribute refuses the launch (session 28's review, on an H100)
@@ -567,7 +569,8 @@ def test_bwd_fused_ws_compiles():
     assert rep.spill_stores <= 256 and rep.spill_loads <= 256, rep.line()
     assert rep.registers == 128, rep.line()  # 4 x 128 threads x the setmaxnreg budgets fill the register file
     assert not rep.wgmma_serialized, rep.line()
-    assert rep.source.count("uint64_t") >= 8 and "wgmma_rs" in rep.source and "wgmma_ss" in rep.source
+    assert rep.source.count("uint64_t") >= (12 if early_release else 8)
+    assert "wgmma_rs" in rep.source and "wgmma_ss" in rep.source
     assert "workspace" not in rep.source, "a cross-warp reduction came back"
     # every named barrier id belongs to one role: the roles' own (wg_sync) each in their own chunk loop, and none
     # of them among the ids TileLang picks for its syncs

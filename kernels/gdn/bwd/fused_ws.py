@@ -66,12 +66,21 @@ PHASES_DQ_ASIDE = (
     PHASES[1][:10],
     PHASES[2][:5] + ("dq, store", "wait ds_ready, k_done", "dg, dbeta"),
 )
-NUM_PHASES = max(len(p) for table in (PHASES, PHASES_DQ_ASIDE) for p in table)
+# early_release=True ($QLA_BWD_FUSED=ws3)
+PHASES_EARLY = (
+    ("wait full", "publish dS', <S, dS'>", "exp(gamma) dS' + Q^T (scale D dO)", "wait dwd_ready", "- K^T (D dW)"),
+    ("wait full", "K Q^T, P^T", "wait ds_ready", "K dS', dVn, wait sdo_free", "dW~, dv, -D dW", "wait a_ready",
+     "colsums, dq, store", "K S, row_b, dk's first products", "wait dg_done, publish", "wait dq_ready",
+     "dk's rest, store"),
+    ("wait full", "W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "A0 path", "wait ds_ready, release",
+     "wait k_done", "dg, dbeta"),
+)  # fmt: skip
+NUM_PHASES = max(len(p) for table in (PHASES, PHASES_DQ_ASIDE, PHASES_EARLY) for p in table)
 
 
-def phases(dq_aside: bool) -> tuple[tuple[str, ...], ...]:
+def phases(dq_aside: bool, early_release: bool = False) -> tuple[tuple[str, ...], ...]:
     """The profile build's phase names per consumer warpgroup."""
-    return PHASES_DQ_ASIDE if dq_aside else PHASES
+    return PHASES_EARLY if early_release else PHASES_DQ_ASIDE if dq_aside else PHASES
 
 
 # named barriers within one warpgroup (0 is __syncthreads)
@@ -85,7 +94,14 @@ GAMMA_IN_REGISTERS = False
 
 
 def bwd_fused_ws_program(
-    dk: int, dv: int, scale: float, dtype: str, cpu_debug: bool = False, profile: bool = False, dq_aside: bool = False
+    dk: int,
+    dv: int,
+    scale: float,
+    dtype: str,
+    cpu_debug: bool = False,
+    profile: bool = False,
+    dq_aside: bool = False,
+    early_release: bool = False,
 ):
     """TileLang program with the fused walk's signature: (q, k, v, g_cumsum, beta, A0, dO, states, ds_slots
     [P,H_v,K,V] fp32 (each piece's end gradient in, its start gradient out), cu_seqlens of the pieces [P+1],
@@ -96,8 +112,17 @@ def bwd_fused_ws_program(
     phases(dq_aside)[role] over the CTA's chunks (no barrier added: a phase that waits shows as its wait).
 
     dq_aside=True ($QLA_BWD_FUSED=ws2) forms dq in WG2 after the A0 path (its [C, V] accumulator as the row sum's
-    scratch), beside WG1's dk, instead of in WG1 after dk: a shorter tail for the busier A side. Same math."""
+    scratch), beside WG1's dk, instead of in WG1 after dk: a shorter tail for the busier A side. Same math.
+
+    early_release=True ($QLA_BWD_FUSED=ws3, session 29) is the early-release schedule: WG1 forms its own P^T (K Q^T
+    as a register operand), so dVn, dW~ and -D dW no longer wait for WG2's forward part; dVn goes into the tile of
+    WG0's scale D dO parts (sdo_free: WG0 is done with them); dq comes right after a_ready, dk's (D dW) S^T with its
+    first product; S, V, dO and A0 (`full`) are released (early_free) once dk's first product has read them and
+    load under the chunk's tail, Q, K and the gates (full_b) after it; WG2's dg of a chunk runs after its release
+    (dg_done guards WG1's next row terms). Same math; dVn's two products summed in the other order."""
     assert not (profile and cpu_debug)
+    assert not (dq_aside and early_release)
+    early = early_release
     assert NREG_CHAIN + NREG_KSIDE + NREG_ASIDE + NREG_LOAD <= 512
     assert dk == dv == 2 * CHUNK
     C = CHUNK
@@ -235,7 +260,8 @@ def bwd_fused_ws_program(
             if GAMMA_IN_REGISTERS:
                 gm[i, j] = gam(g_sh, i, j)
             cb[i, j] = T.cast(scale * gmv(gm, g_sh, i, j) * cc[i, j], dtype)
-        T.copy(cb, p_sh)
+        if not early:  # rev 3's K side forms its own P^T
+            T.copy(cb, p_sh)
         mm(k_sh, s_sh, cv)
         for i, j in T.Parallel(C, dv):
             w_sh[i, j] = T.cast(T.cast(v_sh[i, j], acc) - d_sh[i] * cv[i, j], dtype)
@@ -400,6 +426,79 @@ def bwd_fused_ws_program(
             if t0 + i < end:
                 dk_v[0, t0 + i, bh, j] = ck[i, j]
 
+    # ---- rev 3's K side: its own P^T, dVn before WG2's forward part, dq before dk ----
+    @T.macro
+    def kside_pt3(k_sh, q_sh, g_sh, p_sh, cq, ptb):
+        """P^T = scale Gamma^T o (K Q^T) into P's tile (WG1's own: no wait for WG2's P; WG2 writes T there only
+        after pt_read)."""
+        mm(k_sh, q_sh, cq, transpose_b=True)
+        for i, j in T.Parallel(C, C):
+            ptb[i, j] = T.cast(scale * gam(g_sh, j, i) * cq[i, j], dtype)
+        T.copy(ptb, p_sh)
+
+    @T.macro
+    def kside_dvn3(k_sh, ds_sh, do_sh, g_sh, p_sh, cv, drf, t0, end):
+        """dVn = D_r (K dS') + P^T dO in cv (P^T dO accumulated onto the gated state product)."""
+        mm(k_sh, ds_sh, cv)
+        gates_r(g_sh, drf, t0, end)
+        for i, j in T.Parallel(C, dv):
+            cv[i, j] = drf[i] * cv[i, j]
+        mm(p_sh, do_sh, cv, clear=False)
+
+    @T.macro
+    def kside_dw3(a_sh, g_sh, b_sh, d_sh, dvn_sh, ndwd_sh, agt, cv, nd, dv_out, t0, end, bh):
+        """dW~ = (Gamma o A0)^T dVn in cv (kept for dbeta's first part after a_ready); dv = diag(beta) dW~ (stored);
+        -D dW for the chain and dk. A0's upper triangle is selected away, not multiplied by 0: WG2 may clear it
+        concurrently (the same values below it)."""
+        for i, j in T.Parallel(C, C):
+            agt[i, j] = T.if_then_else(j >= i, T.cast(T.cast(a_sh[j, i], acc) * T.exp2((g_sh[j] - g_sh[i]) * LOG2E),
+                                                      dtype), T.cast(0, dtype))  # fmt: skip
+        mm(agt, dvn_sh, cv)
+        for i, j in T.Parallel(C, dv):
+            if t0 + i < end:
+                dv_out[0, t0 + i, bh, j] = T.cast(b_sh[i] * cv[i, j], dtype)
+        for i, j in T.Parallel(C, dv):
+            nd[i, j] = T.cast(-d_sh[i] * (b_sh[i] * cv[i, j]), dtype)
+        T.copy(nd, ndwd_sh)
+
+    @T.macro
+    def kside_colsums3(w_sh, vn_sh, do_sh, p_sh, cv, u, red_a, red_p):
+        """After a_ready: dbeta's first part rowsum(W o dW~) and colsum(P o dO Vn^T)_j = <Vn, P^T dO>_j (P^T dO
+        again: dVn holds it summed with the state term)."""
+        for i, j in T.Parallel(C, dv):
+            cv[i, j] = cv[i, j] * T.cast(w_sh[i, j], acc)
+        row_sum(cv, red_a)
+        mm(p_sh, do_sh, u)
+        for i, j in T.Parallel(C, dv):
+            u[i, j] = u[i, j] * T.cast(vn_sh[i, j], acc)
+        row_sum(u, red_p)
+
+    @T.macro
+    def kside_dk_rest3(dqk_sh, q_sh, p_sh, k_sh, ck, dk_v, t0, end, bh):
+        """dk += dQK^T Q + dKKt K + dKKt^T K (- (D dW) S^T came with dk's first product)."""
+        mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
+        mm(p_sh, k_sh, ck, clear=False)
+        mm(p_sh, k_sh, ck, transpose_a=True, clear=False)
+        for i, j in T.Parallel(C, dk):
+            if t0 + i < end:
+                dk_v[0, t0 + i, bh, j] = ck[i, j]
+
+    @T.macro
+    def aside_dg3(pd, x_sh, comb_sh, cola_sh, dgc_sh, red_p, red_a, tot, dg, dbeta, t0, end, bh):
+        """aside_dg with exp(gamma) <S, dS'> read before the release (pd): the gates' and WG0's buffers may hold the
+        next chunk's by now."""
+        for i in T.Parallel(C):
+            dgc_sh[i] = T.if_then_else(t0 + i < end, comb_sh[i] + red_p[i], 0.0)
+            if t0 + i < end:
+                dbeta[0, t0 + i, bh] = cola_sh[i] + red_a[i]
+        wg_sync(BAR_ASIDE)
+        for i in T.Parallel(C):
+            tot[0] = pd[0]
+            for j in T.serial(C):
+                tot[0] = tot[0] + x_sh[j] + T.if_then_else(j >= i, dgc_sh[j], 0.0)
+            if t0 + i < end:
+                dg[0, t0 + i, bh] = tot[0]
+
     @T.macro
     def tick_start(clk, spent):
         if profile:
@@ -481,29 +580,56 @@ def bwd_fused_ws_program(
                 drf = alloc_sh((C,), acc)
                 for i, j in T.Parallel(dk, dv):
                     sds[i, j] = ds_slots[piece, bh, i, j]
+                cq = alloc_acc((C, C))
+                ptf = alloc_frag((C, C), dtype)
+                nd = alloc_frag((C, dv), dtype)
+                pd = alloc_sh((1,), acc)
+                cv2 = alloc_acc((C, dv))  # WG2's while WG1's holds dW~
                 for it in T.serial(n_iter):
                     bc = c_last - it
                     t0 = t_last - it * C
                     load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh,
                                 g_sh, b_sh, d_sh, bc, t0, end, bh, bhg)  # fmt: skip
-                    # one order the hand-offs allow
-                    chain_publish(sds, ds_sh, s_sh, part_sh, None)
-                    aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh, dqk_sh, cc,
-                                  cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
-                    kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, red_p)
-                    kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
-                    kside_dvn_state(k_sh, ds_sh, g_sh, vn_sh, u, cv, drf, t0, end)
-                    chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
-                    kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, red_a, dv_out, t0, end, bh)
-                    mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)  # the chain's last product
-                    aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
-                    kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
-                    aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
-                    kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
-                    dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
-                    kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
-                    aside_dg(d_sh, part_sh, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, red_q, tot, dg, dbeta, t0,
-                             end, bh)  # fmt: skip
+                    if early:  # one order rev 3's hand-offs allow (dVn in sdo's tile, after WG0's Q^T terms)
+                        chain_publish(sds, ds_sh, s_sh, part_sh, None)
+                        chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
+                        kside_pt3(k_sh, q_sh, g_sh, p_sh, cq, ptf)
+                        kside_dvn3(k_sh, ds_sh, do_sh, g_sh, p_sh, cv, drf, t0, end)
+                        T.copy(cv, sdo_sh)
+                        kside_dw3(a_sh, g_sh, b_sh, d_sh, sdo_sh, ndwd_sh, agt, cv, nd, dv_out, t0, end, bh)
+                        mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)
+                        aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh,
+                                      dqk_sh, cc, cv2, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
+                        kside_colsums3(w_sh, vn_sh, do_sh, p_sh, cv, u, red_a, red_p)
+                        dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
+                        kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
+                        kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
+                        mm(ndwd_sh, s_sh, ck, transpose_b=True, clear=False)
+                        aside_dag(sdo_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
+                        aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
+                        pd[0] = (part_sh[0] + part_sh[1] + part_sh[2] + part_sh[3]) * d_sh[C - 1]
+                        kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                        kside_dk_rest3(dqk_sh, q_sh, p_sh, k_sh, ck, dk_v, t0, end, bh)
+                        aside_dg3(pd, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, tot, dg, dbeta, t0, end, bh)
+                    else:
+                        # one order the hand-offs allow
+                        chain_publish(sds, ds_sh, s_sh, part_sh, None)
+                        aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh,
+                                      dqk_sh, cc, cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
+                        kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, red_p)
+                        kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
+                        kside_dvn_state(k_sh, ds_sh, g_sh, vn_sh, u, cv, drf, t0, end)
+                        chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
+                        kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, red_a, dv_out, t0, end, bh)
+                        mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)  # the chain's last product
+                        aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
+                        kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
+                        aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
+                        kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
+                        dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
+                        kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                        aside_dg(d_sh, part_sh, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, red_q, tot, dg,
+                                 dbeta, t0, end, bh)  # fmt: skip
                 for i, j in T.Parallel(dk, dv):
                     ds_slots[piece, bh, i, j] = sds[i, j]
             else:
@@ -515,6 +641,12 @@ def bwd_fused_ws_program(
                 dwd_ready = T.alloc_barrier(arrive_count=WG)
                 dq_ready = T.alloc_barrier(arrive_count=WG)
                 k_done = T.alloc_barrier(arrive_count=WG)
+                if early:
+                    full_b = T.alloc_barrier(arrive_count=32)  # Q, K and the gates (`full`: S, V, dO, A0)
+                    early_free = T.alloc_barrier(arrive_count=3 * WG)
+                    sdo_free = T.alloc_barrier(arrive_count=WG)
+                    dg_done = T.alloc_barrier(arrive_count=WG)
+                    pt_read = T.alloc_barrier(arrive_count=WG)
                 tx = T.get_thread_binding()
                 clk = T.alloc_local((1,), "int64")
                 spent = T.alloc_local((NUM_PHASES,), "int64")
@@ -524,142 +656,294 @@ def bwd_fused_ws_program(
                 T.fence_proxy_async()
                 T.sync_threads()
 
-                if tx < WG:
-                    T.set_max_nreg(NREG_CHAIN, 1)
-                    sds = T.alloc_fragment((dk, dv), acc)
-                    part = T.alloc_local((1,), acc)
-                    T.copy(ds_slots[piece, bh, 0:dk, 0:dv], sds)
-                    tick_start(clk, spent)
-                    for it in T.serial(n_iter):
-                        if it > 0:
-                            T.barrier_wait(full, (it - 1) % 2)
-                        tick(clk, spent, 0)
-                        chain_publish(sds, ds_sh, s_sh, part_sh, part)
-                        arrive(ds_ready)
-                        tick(clk, spent, 1)
-                        chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
-                        tick(clk, spent, 2)
-                        T.barrier_wait(dwd_ready, it % 2)
-                        tick(clk, spent, 3)
-                        mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)
-                        arrive(inputs_free)
-                        tick(clk, spent, 4)
-                    T.copy(sds, ds_slots[piece, bh, 0:dk, 0:dv])
-                    tick_store(prof, bid, 0, spent)
-                elif tx < 2 * WG:
-                    T.set_max_nreg(NREG_KSIDE, 1)
-                    u = T.alloc_fragment((C, dv), acc)
-                    cv = T.alloc_fragment((C, dv), acc)
-                    ck = T.alloc_fragment((C, dk), acc)
-                    tmp = T.alloc_fragment((C, dk), acc)
-                    agt = T.alloc_fragment((C, C), dtype)
-                    red_b = T.alloc_fragment((C,), acc)
-                    red_x = T.alloc_fragment((C,), acc)
-                    red_p = T.alloc_fragment((C,), acc)
-                    red_a = T.alloc_fragment((C,), acc)
-                    red_q = T.alloc_fragment((C,), acc)
-                    drf = T.alloc_fragment((C,), acc)
-                    tick_start(clk, spent)
-                    for it in T.serial(n_iter):
-                        t0 = t_last - it * C
-                        if it > 0:
-                            T.barrier_wait(full, (it - 1) % 2)
-                        tick(clk, spent, 0)
-                        T.barrier_wait(a_ready, it % 2)
-                        tick(clk, spent, 1)
-                        kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, red_p)
-                        tick(clk, spent, 2)
-                        T.barrier_wait(ds_ready, it % 2)
-                        tick(clk, spent, 3)
-                        kside_dvn_state(k_sh, ds_sh, g_sh, vn_sh, u, cv, drf, t0, end)
-                        arrive(dvn_ready)
-                        tick(clk, spent, 4)
-                        wg_sync(BAR_KSIDE)  # dVn in shared memory for this warpgroup's own product
-                        kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, red_a, dv_out, t0, end,
-                                 bh)  # fmt: skip
-                        arrive(dwd_ready)
-                        tick(clk, spent, 5)
-                        wg_sync(BAR_KSIDE)
-                        kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
-                        tick(clk, spent, 6)
-                        kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
-                        if dq_aside:
-                            kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
-                            arrive(k_done)
-                        tick(clk, spent, 7)
-                        T.barrier_wait(dq_ready, it % 2)
-                        tick(clk, spent, 8)
-                        kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
-                        tick(clk, spent, 9)
-                        if not dq_aside:
-                            dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
-                            kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
-                            arrive(k_done)
-                        arrive(inputs_free)
-                        tick(clk, spent, 9 if dq_aside else 10)
-                    tick_store(prof, bid, 1, spent)
-                elif tx < 3 * WG:
-                    T.set_max_nreg(NREG_ASIDE, 1)
-                    cc = T.alloc_fragment((C, C), acc)
-                    cc2 = T.alloc_fragment((C, C), acc)
-                    pr = T.alloc_fragment((C, C), acc)
-                    cv = T.alloc_fragment((C, dv), acc)
-                    ag = T.alloc_fragment((C, C), dtype)
-                    gm = T.alloc_fragment((C, C), acc)  # Gamma
-                    cb = T.alloc_fragment((C, C), dtype)  # a [C, C] tile on its way to shared memory
-                    ckq = T.alloc_fragment((C, dk), acc) if dq_aside else None
-                    red_p2 = T.alloc_fragment((C,), acc)
-                    red_a2 = T.alloc_fragment((C,), acc)
-                    red_q2 = T.alloc_fragment((C,), acc) if dq_aside else None
-                    drf = T.alloc_fragment((C,), acc)
-                    tot = T.alloc_local((1,), acc)
-                    tick_start(clk, spent)
-                    for it in T.serial(n_iter):
-                        t0 = t_last - it * C
-                        if it > 0:
-                            T.barrier_wait(full, (it - 1) % 2)
-                        tick(clk, spent, 0)
-                        aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh, dqk_sh,
-                                      cc, cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
-                        arrive(a_ready)
-                        tick(clk, spent, 1)
-                        T.barrier_wait(dvn_ready, it % 2)
-                        tick(clk, spent, 2)
-                        aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
-                        wg_sync(BAR_ASIDE)
-                        tick(clk, spent, 3)
-                        aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
-                        arrive(dq_ready)
-                        tick(clk, spent, 4)
-                        if dq_aside:
-                            dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ckq, cv, red_q2, dq_v, t0, end, bh)
+                if early:
+                    if tx < WG:
+                        T.set_max_nreg(NREG_CHAIN, 1)
+                        sds = T.alloc_fragment((dk, dv), acc)
+                        part = T.alloc_local((1,), acc)
+                        T.copy(ds_slots[piece, bh, 0:dk, 0:dv], sds)
+                        tick_start(clk, spent)
+                        for it in T.serial(n_iter):
+                            if it > 0:
+                                T.barrier_wait(full, (it - 1) % 2)
+                                T.barrier_wait(full_b, (it - 1) % 2)
+                            tick(clk, spent, 0)
+                            chain_publish(sds, ds_sh, s_sh, part_sh, part)
+                            arrive(ds_ready)
+                            tick(clk, spent, 1)
+                            chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
+                            arrive(sdo_free)
+                            arrive(early_free)
+                            tick(clk, spent, 2)
+                            T.barrier_wait(dwd_ready, it % 2)
+                            tick(clk, spent, 3)
+                            mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)
+                            arrive(inputs_free)
+                            tick(clk, spent, 4)
+                        T.copy(sds, ds_slots[piece, bh, 0:dk, 0:dv])
+                        tick_store(prof, bid, 0, spent)
+                    elif tx < 2 * WG:
+                        T.set_max_nreg(NREG_KSIDE, 1)
+                        u = T.alloc_fragment((C, dv), acc)
+                        cv = T.alloc_fragment((C, dv), acc)
+                        ck = T.alloc_fragment((C, dk), acc)
+                        tmp = T.alloc_fragment((C, dk), acc)
+                        cq = T.alloc_fragment((C, C), acc)
+                        ptf = T.alloc_fragment((C, C), dtype)  # P^T on its way to shared memory
+                        agt = T.alloc_fragment((C, C), dtype)
+                        nd = T.alloc_fragment((C, dv), dtype)
+                        red_b = T.alloc_fragment((C,), acc)
+                        red_x = T.alloc_fragment((C,), acc)
+                        red_p = T.alloc_fragment((C,), acc)
+                        red_a = T.alloc_fragment((C,), acc)
+                        red_q = T.alloc_fragment((C,), acc)
+                        drf = T.alloc_fragment((C,), acc)
+                        tick_start(clk, spent)
+                        for it in T.serial(n_iter):
+                            t0 = t_last - it * C
+                            if it > 0:
+                                T.barrier_wait(full, (it - 1) % 2)
+                                T.barrier_wait(full_b, (it - 1) % 2)
+                            tick(clk, spent, 0)
+                            kside_pt3(k_sh, q_sh, g_sh, p_sh, cq, ptf)
+                            tick(clk, spent, 1)
+                            T.barrier_wait(ds_ready, it % 2)
+                            wg_sync(BAR_KSIDE)  # P^T in shared memory for this warpgroup's products
+                            tick(clk, spent, 2)
+                            kside_dvn3(k_sh, ds_sh, do_sh, g_sh, p_sh, cv, drf, t0, end)
+                            T.barrier_wait(sdo_free, it % 2)  # WG0's Q^T terms are done with sdo's tile
+                            T.copy(cv, sdo_sh)
+                            arrive(dvn_ready)
+                            tick(clk, spent, 3)
+                            wg_sync(BAR_KSIDE)  # dVn in shared memory for this warpgroup's own product
+                            kside_dw3(a_sh, g_sh, b_sh, d_sh, sdo_sh, ndwd_sh, agt, cv, nd, dv_out, t0, end, bh)
+                            arrive(dwd_ready)
+                            tick(clk, spent, 4)
+                            T.barrier_wait(a_ready, it % 2)
                             tick(clk, spent, 5)
-                        T.barrier_wait(ds_ready, it % 2)
-                        T.barrier_wait(k_done, it % 2)
-                        tick(clk, spent, 6 if dq_aside else 5)
-                        aside_dg(d_sh, part_sh, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, red_q2, tot, dg, dbeta,
-                                 t0, end, bh)  # fmt: skip
-                        arrive(inputs_free)
-                        tick(clk, spent, 7 if dq_aside else 6)
-                    tick_store(prof, bid, 2, spent)
+                            kside_colsums3(w_sh, vn_sh, do_sh, p_sh, cv, u, red_a, red_p)
+                            arrive(pt_read)
+                            dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
+                            tick(clk, spent, 6)
+                            wg_sync(BAR_KSIDE)  # -D dW in shared memory for this warpgroup's products
+                            kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
+                            kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
+                            mm(ndwd_sh, s_sh, ck, transpose_b=True, clear=False)
+                            arrive(early_free)
+                            tick(clk, spent, 7)
+                            if it > 0:
+                                T.barrier_wait(dg_done, (it - 1) % 2)  # WG2 has read the last chunk's vectors
+                            kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                            arrive(k_done)
+                            tick(clk, spent, 8)
+                            T.barrier_wait(dq_ready, it % 2)
+                            tick(clk, spent, 9)
+                            kside_dk_rest3(dqk_sh, q_sh, p_sh, k_sh, ck, dk_v, t0, end, bh)
+                            arrive(inputs_free)
+                            tick(clk, spent, 10)
+                        tick_store(prof, bid, 1, spent)
+                    elif tx < 3 * WG:
+                        T.set_max_nreg(NREG_ASIDE, 1)
+                        cc = T.alloc_fragment((C, C), acc)
+                        cc2 = T.alloc_fragment((C, C), acc)
+                        pr = T.alloc_fragment((C, C), acc)
+                        cv = T.alloc_fragment((C, dv), acc)
+                        ag = T.alloc_fragment((C, C), dtype)
+                        gm = T.alloc_fragment((C, C), acc)
+                        cb = T.alloc_fragment((C, C), dtype)
+                        red_p2 = T.alloc_fragment((C,), acc)
+                        red_a2 = T.alloc_fragment((C,), acc)
+                        drf = T.alloc_fragment((C,), acc)
+                        tot = T.alloc_local((1,), acc)
+                        pd = T.alloc_local((1,), acc)
+                        tick_start(clk, spent)
+                        for it in T.serial(n_iter):
+                            t0 = t_last - it * C
+                            if it > 0:
+                                T.barrier_wait(full, (it - 1) % 2)
+                                T.barrier_wait(full_b, (it - 1) % 2)
+                            tick(clk, spent, 0)
+                            aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh,
+                                          dqk_sh, cc, cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
+                            arrive(a_ready)
+                            tick(clk, spent, 1)
+                            T.barrier_wait(dvn_ready, it % 2)
+                            tick(clk, spent, 2)
+                            aside_dag(sdo_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
+                            wg_sync(BAR_ASIDE)
+                            T.barrier_wait(pt_read, it % 2)  # WG1 is done with P^T: T goes into its tile
+                            tick(clk, spent, 3)
+                            aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
+                            arrive(dq_ready)
+                            tick(clk, spent, 4)
+                            T.barrier_wait(ds_ready, it % 2)
+                            pd[0] = (part_sh[0] + part_sh[1] + part_sh[2] + part_sh[3]) * d_sh[C - 1]
+                            arrive(early_free)
+                            arrive(inputs_free)
+                            tick(clk, spent, 5)
+                            T.barrier_wait(k_done, it % 2)
+                            tick(clk, spent, 6)
+                            aside_dg3(pd, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, tot, dg, dbeta, t0, end, bh)
+                            arrive(dg_done)
+                            tick(clk, spent, 7)
+                        tick_store(prof, bid, 2, spent)
+                    else:
+                        T.set_max_nreg(NREG_LOAD, 0)
+                        if tx < 3 * WG + 32:
+                            for it in T.serial(n_iter - 1):
+                                bc = c_last - it - 1
+                                t0 = t_last - (it + 1) * C
+                                T.barrier_wait(early_free, it % 2)  # S, V, dO, A0: read early in a chunk
+                                T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=full)
+                                T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=full)
+                                T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=full)
+                                T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=full)
+                                T.barrier_arrive(full)
+                                T.barrier_wait(inputs_free, it % 2)  # Q, K and the gates: read to the end
+                                T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=full_b)
+                                T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=full_b)
+                                for i in T.Parallel(C):
+                                    g_sh[i] = g_cumsum[0, t0 + i, bh]
+                                    b_sh[i] = beta[0, t0 + i, bh]
+                                    d_sh[i] = T.exp2(g_cumsum[0, t0 + i, bh] * LOG2E)
+                                T.barrier_arrive(full_b)
                 else:
-                    T.set_max_nreg(NREG_LOAD, 0)
-                    if tx < 3 * WG + 32:
-                        for it in T.serial(n_iter - 1):
-                            bc = c_last - it - 1
-                            t0 = t_last - (it + 1) * C
-                            T.barrier_wait(inputs_free, it % 2)
-                            T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=full)
-                            T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=full)
-                            T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=full)
-                            T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=full)
-                            T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=full)
-                            T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=full)
-                            for i in T.Parallel(C):  # whole chunks from here on: no clamping
-                                g_sh[i] = g_cumsum[0, t0 + i, bh]
-                                b_sh[i] = beta[0, t0 + i, bh]
-                                d_sh[i] = T.exp2(g_cumsum[0, t0 + i, bh] * LOG2E)
-                            T.barrier_arrive(full)
+                    if tx < WG:
+                        T.set_max_nreg(NREG_CHAIN, 1)
+                        sds = T.alloc_fragment((dk, dv), acc)
+                        part = T.alloc_local((1,), acc)
+                        T.copy(ds_slots[piece, bh, 0:dk, 0:dv], sds)
+                        tick_start(clk, spent)
+                        for it in T.serial(n_iter):
+                            if it > 0:
+                                T.barrier_wait(full, (it - 1) % 2)
+                            tick(clk, spent, 0)
+                            chain_publish(sds, ds_sh, s_sh, part_sh, part)
+                            arrive(ds_ready)
+                            tick(clk, spent, 1)
+                            chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
+                            tick(clk, spent, 2)
+                            T.barrier_wait(dwd_ready, it % 2)
+                            tick(clk, spent, 3)
+                            mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)
+                            arrive(inputs_free)
+                            tick(clk, spent, 4)
+                        T.copy(sds, ds_slots[piece, bh, 0:dk, 0:dv])
+                        tick_store(prof, bid, 0, spent)
+                    elif tx < 2 * WG:
+                        T.set_max_nreg(NREG_KSIDE, 1)
+                        u = T.alloc_fragment((C, dv), acc)
+                        cv = T.alloc_fragment((C, dv), acc)
+                        ck = T.alloc_fragment((C, dk), acc)
+                        tmp = T.alloc_fragment((C, dk), acc)
+                        agt = T.alloc_fragment((C, C), dtype)
+                        red_b = T.alloc_fragment((C,), acc)
+                        red_x = T.alloc_fragment((C,), acc)
+                        red_p = T.alloc_fragment((C,), acc)
+                        red_a = T.alloc_fragment((C,), acc)
+                        red_q = T.alloc_fragment((C,), acc)
+                        drf = T.alloc_fragment((C,), acc)
+                        tick_start(clk, spent)
+                        for it in T.serial(n_iter):
+                            t0 = t_last - it * C
+                            if it > 0:
+                                T.barrier_wait(full, (it - 1) % 2)
+                            tick(clk, spent, 0)
+                            T.barrier_wait(a_ready, it % 2)
+                            tick(clk, spent, 1)
+                            kside_pt_do(p_sh, do_sh, vn_sh, u, tmp, red_p)
+                            tick(clk, spent, 2)
+                            T.barrier_wait(ds_ready, it % 2)
+                            tick(clk, spent, 3)
+                            kside_dvn_state(k_sh, ds_sh, g_sh, vn_sh, u, cv, drf, t0, end)
+                            arrive(dvn_ready)
+                            tick(clk, spent, 4)
+                            wg_sync(BAR_KSIDE)  # dVn in shared memory for this warpgroup's own product
+                            kside_dw(a_sh, g_sh, b_sh, d_sh, vn_sh, w_sh, ndwd_sh, agt, cv, tmp, red_a, dv_out, t0, end,
+                                     bh)  # fmt: skip
+                            arrive(dwd_ready)
+                            tick(clk, spent, 5)
+                            wg_sync(BAR_KSIDE)
+                            kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
+                            tick(clk, spent, 6)
+                            kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
+                            if dq_aside:
+                                kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                                arrive(k_done)
+                            tick(clk, spent, 7)
+                            T.barrier_wait(dq_ready, it % 2)
+                            tick(clk, spent, 8)
+                            kside_dk_rest(dqk_sh, q_sh, p_sh, k_sh, ndwd_sh, s_sh, ck, dk_v, t0, end, bh)
+                            tick(clk, spent, 9)
+                            if not dq_aside:
+                                dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
+                                kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
+                                arrive(k_done)
+                            arrive(inputs_free)
+                            tick(clk, spent, 9 if dq_aside else 10)
+                        tick_store(prof, bid, 1, spent)
+                    elif tx < 3 * WG:
+                        T.set_max_nreg(NREG_ASIDE, 1)
+                        cc = T.alloc_fragment((C, C), acc)
+                        cc2 = T.alloc_fragment((C, C), acc)
+                        pr = T.alloc_fragment((C, C), acc)
+                        cv = T.alloc_fragment((C, dv), acc)
+                        ag = T.alloc_fragment((C, C), dtype)
+                        gm = T.alloc_fragment((C, C), acc)  # Gamma
+                        cb = T.alloc_fragment((C, C), dtype)  # a [C, C] tile on its way to shared memory
+                        ckq = T.alloc_fragment((C, dk), acc) if dq_aside else None
+                        red_p2 = T.alloc_fragment((C,), acc)
+                        red_a2 = T.alloc_fragment((C,), acc)
+                        red_q2 = T.alloc_fragment((C,), acc) if dq_aside else None
+                        drf = T.alloc_fragment((C,), acc)
+                        tot = T.alloc_local((1,), acc)
+                        tick_start(clk, spent)
+                        for it in T.serial(n_iter):
+                            t0 = t_last - it * C
+                            if it > 0:
+                                T.barrier_wait(full, (it - 1) % 2)
+                            tick(clk, spent, 0)
+                            aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh,
+                                          vn_sh, dqk_sh, cc, cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
+                            arrive(a_ready)
+                            tick(clk, spent, 1)
+                            T.barrier_wait(dvn_ready, it % 2)
+                            tick(clk, spent, 2)
+                            aside_dag(vn_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
+                            wg_sync(BAR_ASIDE)
+                            tick(clk, spent, 3)
+                            aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
+                            arrive(dq_ready)
+                            tick(clk, spent, 4)
+                            if dq_aside:
+                                dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ckq, cv, red_q2, dq_v, t0, end, bh)
+                                tick(clk, spent, 5)
+                            T.barrier_wait(ds_ready, it % 2)
+                            T.barrier_wait(k_done, it % 2)
+                            tick(clk, spent, 6 if dq_aside else 5)
+                            aside_dg(d_sh, part_sh, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, red_q2, tot, dg,
+                                     dbeta, t0, end, bh)  # fmt: skip
+                            arrive(inputs_free)
+                            tick(clk, spent, 7 if dq_aside else 6)
+                        tick_store(prof, bid, 2, spent)
+                    else:
+                        T.set_max_nreg(NREG_LOAD, 0)
+                        if tx < 3 * WG + 32:
+                            for it in T.serial(n_iter - 1):
+                                bc = c_last - it - 1
+                                t0 = t_last - (it + 1) * C
+                                T.barrier_wait(inputs_free, it % 2)
+                                T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=full)
+                                T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=full)
+                                T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=full)
+                                T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=full)
+                                T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=full)
+                                T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=full)
+                                for i in T.Parallel(C):  # whole chunks from here on: no clamping
+                                    g_sh[i] = g_cumsum[0, t0 + i, bh]
+                                    b_sh[i] = beta[0, t0 + i, bh]
+                                    d_sh[i] = T.exp2(g_cumsum[0, t0 + i, bh] * LOG2E)
+                                T.barrier_arrive(full)
 
     if profile:
 
