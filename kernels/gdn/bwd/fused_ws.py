@@ -450,9 +450,9 @@ def bwd_fused_ws_program(
         """dW~ = (Gamma o A0)^T dVn in cv (kept for dbeta's first part after a_ready); dv = diag(beta) dW~ (stored);
         -D dW for the chain and dk. A0's upper triangle is selected away, not multiplied by 0: WG2 may clear it
         concurrently (the same values below it)."""
-        for i, j in T.Parallel(C, C):
-            agt[i, j] = T.if_then_else(j >= i, T.cast(T.cast(a_sh[j, i], acc) * T.exp2((g_sh[j] - g_sh[i]) * LOG2E),
-                                                      dtype), T.cast(0, dtype))  # fmt: skip
+        for i, j in T.Parallel(C, C):  # selects of plain values, the exp2 on a masked argument: no branch
+            agt[i, j] = T.cast(T.if_then_else(j >= i, T.cast(a_sh[j, i], acc), 0.0)
+                               * T.exp2(T.if_then_else(j >= i, g_sh[j] - g_sh[i], 0.0) * LOG2E), dtype)  # fmt: skip
         mm(agt, dvn_sh, cv)
         for i, j in T.Parallel(C, dv):
             if t0 + i < end:
