@@ -71,7 +71,7 @@ PHASES_EARLY = (
     ("wait full", "publish dS', <S, dS'>", "exp(gamma) dS' + Q^T (scale D dO)", "wait dwd_ready", "- K^T (D dW)"),
     ("wait full", "K Q^T, P^T", "wait ds_ready", "K dS', dVn, wait sdo_free", "dW~, dv, -D dW", "wait a_ready",
      "colsums, dq, store", "K S, row_b, dk's first products", "wait dg_done, publish", "wait dq_ready",
-     "dk's rest, store"),
+     "dKKt K, dKKt^T K, store"),
     ("wait full", "W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "A0 path", "wait ds_ready, release",
      "wait k_done", "dg, dbeta"),
 )  # fmt: skip
@@ -114,11 +114,11 @@ def bwd_fused_ws_program(
     dq_aside=True ($QLA_BWD_FUSED=ws2) forms dq in WG2 after the A0 path (its [C, V] accumulator as the row sum's
     scratch), beside WG1's dk, instead of in WG1 after dk: a shorter tail for the busier A side. Same math.
 
-    early_release=True ($QLA_BWD_FUSED=ws3, session 29) is the early-release schedule: WG1 forms its own P^T (K Q^T
-    as a register operand), so dVn, dW~ and -D dW no longer wait for WG2's forward part; dVn goes into the tile of
-    WG0's scale D dO parts (sdo_free: WG0 is done with them); dq comes right after a_ready, dk's (D dW) S^T with its
-    first product; S, V, dO and A0 (`full`) are released (early_free) once dk's first product has read them and
-    load under the chunk's tail, Q, K and the gates (full_b) after it; WG2's dg of a chunk runs after its release
+    early_release=True ($QLA_BWD_FUSED=ws3, session 29) is the early-release schedule: WG1 forms its own P^T (K Q^T,
+    into P's tile until pt_read), so dVn, dW~ and -D dW no longer wait for WG2's forward part; dVn goes into the tile of
+    WG0's scale D dO parts (sdo_free: WG0 is done with them); dq comes right after a_ready, dk's (D dW) S^T and
+    dQK^T Q with its first product; S, Q, V, dO and A0 (`full`) are released (early_free) once those have read them
+    and load under the chunk's tail, K and the gates (full_b) after it; WG2's dg of a chunk runs after its release
     (dg_done guards WG1's next row terms). Same math; dVn's two products summed in the other order."""
     assert not (profile and cpu_debug)
     assert not (dq_aside and early_release)
@@ -474,9 +474,9 @@ def bwd_fused_ws_program(
         row_sum(u, red_p)
 
     @T.macro
-    def kside_dk_rest3(dqk_sh, q_sh, p_sh, k_sh, ck, dk_v, t0, end, bh):
-        """dk += dQK^T Q + dKKt K + dKKt^T K (- (D dW) S^T came with dk's first product)."""
-        mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
+    def kside_dk_rest3(p_sh, k_sh, ck, dk_v, t0, end, bh):
+        """dk += dKKt K + dKKt^T K (- (D dW) S^T and dQK^T Q came with dk's first product: the step's tail reads
+        no tile but K's)."""
         mm(p_sh, k_sh, ck, clear=False)
         mm(p_sh, k_sh, ck, transpose_a=True, clear=False)
         for i, j in T.Parallel(C, dk):
@@ -605,11 +605,12 @@ def bwd_fused_ws_program(
                         kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
                         kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
                         mm(ndwd_sh, s_sh, ck, transpose_b=True, clear=False)
+                        mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
                         aside_dag(sdo_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
                         aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
                         pd[0] = (part_sh[0] + part_sh[1] + part_sh[2] + part_sh[3]) * d_sh[C - 1]
                         kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
-                        kside_dk_rest3(dqk_sh, q_sh, p_sh, k_sh, ck, dk_v, t0, end, bh)
+                        kside_dk_rest3(p_sh, k_sh, ck, dk_v, t0, end, bh)
                         aside_dg3(pd, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, tot, dg, dbeta, t0, end, bh)
                     else:
                         # one order the hand-offs allow
@@ -642,7 +643,7 @@ def bwd_fused_ws_program(
                 dq_ready = T.alloc_barrier(arrive_count=WG)
                 k_done = T.alloc_barrier(arrive_count=WG)
                 if early:
-                    full_b = T.alloc_barrier(arrive_count=32)  # Q, K and the gates (`full`: S, V, dO, A0)
+                    full_b = T.alloc_barrier(arrive_count=32)  # K and the gates (`full`: S, Q, V, dO, A0)
                     early_free = T.alloc_barrier(arrive_count=3 * WG)
                     sdo_free = T.alloc_barrier(arrive_count=WG)
                     dg_done = T.alloc_barrier(arrive_count=WG)
@@ -729,6 +730,7 @@ def bwd_fused_ws_program(
                             kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
                             kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
                             mm(ndwd_sh, s_sh, ck, transpose_b=True, clear=False)
+                            mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
                             arrive(early_free)
                             tick(clk, spent, 7)
                             if it > 0:
@@ -738,7 +740,7 @@ def bwd_fused_ws_program(
                             tick(clk, spent, 8)
                             T.barrier_wait(dq_ready, it % 2)
                             tick(clk, spent, 9)
-                            kside_dk_rest3(dqk_sh, q_sh, p_sh, k_sh, ck, dk_v, t0, end, bh)
+                            kside_dk_rest3(p_sh, k_sh, ck, dk_v, t0, end, bh)
                             arrive(inputs_free)
                             tick(clk, spent, 10)
                         tick_store(prof, bid, 1, spent)
@@ -793,15 +795,15 @@ def bwd_fused_ws_program(
                             for it in T.serial(n_iter - 1):
                                 bc = c_last - it - 1
                                 t0 = t_last - (it + 1) * C
-                                T.barrier_wait(early_free, it % 2)  # S, V, dO, A0: read early in a chunk
+                                T.barrier_wait(early_free, it % 2)  # S, Q, V, dO, A0: read early in a chunk
                                 T.tma_copy(states[bc, bh, 0:dk, 0:dv], s_sh, barrier=full)
+                                T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=full)
                                 T.tma_copy(v[0, t0 : t0 + C, bh, 0:dv], v_sh, barrier=full)
                                 T.tma_copy(grad_o[0, t0 : t0 + C, bh, 0:dv], do_sh, barrier=full)
                                 T.tma_copy(a0[0, t0 : t0 + C, bh, 0:C], a_sh, barrier=full)
                                 T.barrier_arrive(full)
-                                T.barrier_wait(inputs_free, it % 2)  # Q, K and the gates: read to the end
+                                T.barrier_wait(inputs_free, it % 2)  # K and the gates: read to the end
                                 T.tma_copy(k[0, t0 : t0 + C, bhg, 0:dk], k_sh, barrier=full_b)
-                                T.tma_copy(q[0, t0 : t0 + C, bhg, 0:dk], q_sh, barrier=full_b)
                                 for i in T.Parallel(C):
                                     g_sh[i] = g_cumsum[0, t0 + i, bh]
                                     b_sh[i] = beta[0, t0 + i, bh]
