@@ -17,7 +17,9 @@ Every input tile is single-buffered; the walk's first chunk (a sequence's last, 
 all threads, masked, before the roles split, so every later chunk is whole and comes by TMA. Hand-offs are
 mbarriers, each completing once a chunk (parity = the chunk's step % 2): ds_ready (WG0), a_ready and dq_ready
 (WG2), dvn_ready, dwd_ready and k_done (WG1; k_done: x, <D dW, KS>, the column sums and D scale <dO, QS> for
-dg), full (the producer) and inputs_free (all three consumers).
+dg), full (the producer) and inputs_free (all three consumers). The early-release schedule (ws3, below) adds
+full_b and early_free (two load groups), sdo_free (WG0), pt_read (WG1) and dg_done (WG2), and changes what the
+shared tiles carry (its docstring); this paragraph and the next describe ws and ws2.
 
 Why single buffers and hand-off tiles can be reused: every consumer waits for `full` of step it + 1 before it
 writes anything of that step, and `full` of step it + 1 follows `inputs_free` of step it, which each consumer
@@ -72,8 +74,8 @@ PHASES_EARLY = (
     ("wait full", "K Q^T, P^T", "wait ds_ready", "K dS', dVn, wait sdo_free", "dW~, dv, -D dW", "wait a_ready",
      "colsums, dq, store", "K S, row_b, dk's first products", "wait dg_done, publish", "wait dq_ready",
      "dKKt K, dKKt^T K, store"),
-    ("wait full", "W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "A0 path", "wait ds_ready, release",
-     "wait k_done", "dg, dbeta"),
+    ("wait full", "W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "wait pt_read", "A0 path",
+     "wait ds_ready, release", "wait k_done", "dg, dbeta"),
 )  # fmt: skip
 NUM_PHASES = max(len(p) for table in (PHASES, PHASES_DQ_ASIDE, PHASES_EARLY) for p in table)
 
@@ -733,8 +735,11 @@ def bwd_fused_ws_program(
                             mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
                             arrive(early_free)
                             tick(clk, spent, 7)
+                            # WG2 has read the last chunk's row terms. Redundant with this loop's order today
+                            # (a_ready of this step comes after WG2's dg of the last), but not if the publish moves
+                            # before a_ready: then k_done could complete twice before WG2 waits (session 29's review)
                             if it > 0:
-                                T.barrier_wait(dg_done, (it - 1) % 2)  # WG2 has read the last chunk's vectors
+                                T.barrier_wait(dg_done, (it - 1) % 2)
                             kside_publish(b_sh, comb_sh, x_sh, cola_sh, red_b, red_x, red_p, red_a, red_q)
                             arrive(k_done)
                             tick(clk, spent, 8)
@@ -773,21 +778,22 @@ def bwd_fused_ws_program(
                             tick(clk, spent, 2)
                             aside_dag(sdo_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
                             wg_sync(BAR_ASIDE)
-                            T.barrier_wait(pt_read, it % 2)  # WG1 is done with P^T: T goes into its tile
                             tick(clk, spent, 3)
+                            T.barrier_wait(pt_read, it % 2)  # WG1 is done with P^T: T goes into its tile
+                            tick(clk, spent, 4)
                             aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
                             arrive(dq_ready)
-                            tick(clk, spent, 4)
+                            tick(clk, spent, 5)
                             T.barrier_wait(ds_ready, it % 2)
                             pd[0] = (part_sh[0] + part_sh[1] + part_sh[2] + part_sh[3]) * d_sh[C - 1]
                             arrive(early_free)
                             arrive(inputs_free)
-                            tick(clk, spent, 5)
-                            T.barrier_wait(k_done, it % 2)
                             tick(clk, spent, 6)
+                            T.barrier_wait(k_done, it % 2)
+                            tick(clk, spent, 7)
                             aside_dg3(pd, x_sh, comb_sh, cola_sh, dgc_sh, red_p2, red_a2, tot, dg, dbeta, t0, end, bh)
                             arrive(dg_done)
-                            tick(clk, spent, 7)
+                            tick(clk, spent, 8)
                         tick_store(prof, bid, 2, spent)
                     else:
                         T.set_max_nreg(NREG_LOAD, 0)
