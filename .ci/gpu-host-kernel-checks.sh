@@ -108,13 +108,18 @@ fi
 # is killed at the step's limit), the profile build's phases per role (ws and ws2), then the harness's qwen35-bwd rows
 # on $WS_HEADS for each of $WS_VARIANTS (default: ws, ws2 and the stages) in one call, then the kernel table at 16/32.
 # Cache: `--only "bwd fused ws"` (with its profiles), `--only "pass A"`, plus the staged backward's and the forward's.
+# Session 29: WS_CHECK names the variant the float64 checks, the phases and the kernel table run (default ws); for
+# ws3, the early-release schedule (CPU-checked and compiled, never run):
+#   S28_WS=1 WS_CHECK=ws3 WS_VARIANTS="ws3 ws 0" WS_HEADS=16/32,2/4 bash .ci/gpu-host-kernel-checks.sh
 if [ -n "${S28_WS:-}" ]; then
-  STEP_ENV=QLA_BWD_FUSED=ws step ws-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
-  STEP_ENV=QLA_BWD_FUSED=ws step ws-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
+  wc=${WS_CHECK:-ws}
+  STEP_ENV=QLA_BWD_FUSED=$wc step $wc-check 200 tests/gpu/test_qla_bwd.py -k "autograd_matches and tilelang"
+  STEP_ENV=QLA_BWD_FUSED=$wc step $wc-cp-check 100 tests/gpu/test_qla_bwd_cp.py -k matches_float64
   budget=$(left)
-  if (( budget >= 60 )); then  # the roles' phases per chunk (the profile build), beside the fused walk's
-    timeout -s KILL 60 python -m qla_kernels.gdn.profile_bwd --ws "$dest/ws-phases.json" > "$dest/ws-phases.log" 2>&1
-    echo "ws-phases rc=$? t=$(( $(date +%s) - t0 )) s"
+  if (( budget >= 60 )); then  # the roles' phases per chunk (the profile build)
+    timeout -s KILL 60 python -m qla_kernels.gdn.profile_bwd --ws "$dest/$wc-phases.json" "$wc" \
+      > "$dest/$wc-phases.log" 2>&1
+    echo "$wc-phases rc=$? t=$(( $(date +%s) - t0 )) s"
   fi
   for v in ${WS_VARIANTS:-ws ws2 0}; do
     budget=$(left); (( budget < 40 )) && { echo "skip bwd-fused$v: out of time"; continue; }
@@ -127,9 +132,9 @@ if [ -n "${S28_WS:-}" ]; then
   done
   budget=$(left)
   if (( budget >= 30 )); then
-    QLA_BWD_FUSED=ws timeout -s KILL "$budget" python cli.py kernels --mode bwd --backends qla --heads 16/32 \
-      --seqlens 1x32768,8192x4 --calls 5 -o "$dest/kernels-ws" > "$dest/kernels-ws.log" 2>&1
-    echo "kernels-ws rc=$? t=$(( $(date +%s) - t0 )) s"
+    QLA_BWD_FUSED=$wc timeout -s KILL "$budget" python cli.py kernels --mode bwd --backends qla --heads 16/32 \
+      --seqlens 1x32768,8192x4 --calls 5 -o "$dest/kernels-$wc" > "$dest/kernels-$wc.log" 2>&1
+    echo "kernels-$wc rc=$? t=$(( $(date +%s) - t0 )) s"
   fi
   exit 0
 fi
