@@ -72,7 +72,7 @@ PHASES_DQ_ASIDE = (
 PHASES_EARLY = (
     ("wait full", "publish dS', <S, dS'>", "exp(gamma) dS' + Q^T (scale D dO)", "wait dwd_ready", "- K^T (D dW)"),
     ("wait full", "K Q^T, P^T", "wait ds_ready", "K dS', dVn, wait sdo_free", "dW~, dv, -D dW", "wait a_ready",
-     "colsums, dq, store", "K S, row_b, dk's first products", "wait dg_done, publish", "wait dq_ready",
+     "colsums, dq, store", "dk's first products, row_b, x", "wait dg_done, publish", "wait dq_ready",
      "dKKt K, dKKt^T K, store"),
     ("wait full", "W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "wait pt_read", "A0 path",
      "wait ds_ready, release", "wait k_done", "dg, dbeta"),
@@ -119,9 +119,10 @@ def bwd_fused_ws_program(
     early_release=True ($QLA_BWD_FUSED=ws3, session 29) is the early-release schedule: WG1 forms its own P^T (K Q^T,
     into P's tile until pt_read), so dVn, dW~ and -D dW no longer wait for WG2's forward part; dVn goes into the tile of
     WG0's scale D dO parts (sdo_free: WG0 is done with them); dq comes right after a_ready, dk's (D dW) S^T and
-    dQK^T Q with its first product; S, Q, V, dO and A0 (`full`) are released (early_free) once those have read them
-    and load under the chunk's tail, K and the gates (full_b) after it; WG2's dg of a chunk runs after its release
-    (dg_done guards WG1's next row terms). Same math; dVn's two products summed in the other order."""
+    dQK^T Q with its first product (<D dW, K S> from (D dW) S^T: no K S again); S, Q, V, dO and A0 (`full`) are
+    released (early_free) once those have read them and load under the chunk's tail, K and the gates (full_b) after
+    it; WG2's dg of a chunk runs after its release (dg_done guards WG1's next row terms). Same math; dVn's two
+    products summed in the other order, x as a difference of two row sums."""
     assert not (profile and cpu_debug)
     assert not (dq_aside and early_release)
     early = early_release
@@ -476,6 +477,22 @@ def bwd_fused_ws_program(
         row_sum(u, red_p)
 
     @T.macro
+    def kside_dk_first3(v_sh, ds_sh, k_sh, ndwd_sh, s_sh, dqk_sh, q_sh, ck, u, red_b, red_x):
+        """dk's first products, and the row terms from them without K S again: <-D dW, K S>_i = rowsum(K o (-D dW)
+        S^T) after the first product, then x_i = rowsum(K o (that + D_r Vn dS'^T)) - that sum; then dQK^T Q."""
+        mm(ndwd_sh, s_sh, ck, transpose_b=True)
+        for i, j in T.Parallel(C, dk):
+            u[i, j] = ck[i, j] * T.cast(k_sh[i, j], acc)
+        row_sum(u, red_b)
+        mm(v_sh, ds_sh, ck, transpose_b=True, clear=False)
+        for i, j in T.Parallel(C, dk):
+            u[i, j] = ck[i, j] * T.cast(k_sh[i, j], acc)
+        row_sum(u, red_x)
+        for i in T.Parallel(C):
+            red_x[i] = red_x[i] - red_b[i]
+        mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
+
+    @T.macro
     def kside_dk_rest3(p_sh, k_sh, ck, dk_v, t0, end, bh):
         """dk += dKKt K + dKKt^T K (- (D dW) S^T and dQK^T Q came with dk's first product: the step's tail reads
         no tile but K's)."""
@@ -604,10 +621,7 @@ def bwd_fused_ws_program(
                                       dqk_sh, cc, cv2, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
                         kside_colsums3(w_sh, vn_sh, do_sh, p_sh, cv, u, red_a, red_p)
                         dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
-                        kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
-                        kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
-                        mm(ndwd_sh, s_sh, ck, transpose_b=True, clear=False)
-                        mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
+                        kside_dk_first3(v_sh, ds_sh, k_sh, ndwd_sh, s_sh, dqk_sh, q_sh, ck, u, red_b, red_x)
                         aside_dag(sdo_sh, w_sh, a_sh, g_sh, b_sh, da0_sh, cc, pr, gm, cb, red_p2)
                         aside_a0_path(a_sh, k_sh, b_sh, da0_sh, p_sh, cc, cc2, cb, red_a2)
                         pd[0] = (part_sh[0] + part_sh[1] + part_sh[2] + part_sh[3]) * d_sh[C - 1]
@@ -729,10 +743,7 @@ def bwd_fused_ws_program(
                             dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
                             tick(clk, spent, 6)
                             wg_sync(BAR_KSIDE)  # -D dW in shared memory for this warpgroup's products
-                            kside_rowb(k_sh, s_sh, ndwd_sh, cv, red_b)
-                            kside_dk_state(v_sh, ds_sh, k_sh, ck, tmp, red_x)
-                            mm(ndwd_sh, s_sh, ck, transpose_b=True, clear=False)
-                            mm(dqk_sh, q_sh, ck, transpose_a=True, clear=False)
+                            kside_dk_first3(v_sh, ds_sh, k_sh, ndwd_sh, s_sh, dqk_sh, q_sh, ck, u, red_b, red_x)
                             arrive(early_free)
                             tick(clk, spent, 7)
                             # WG2 has read the last chunk's row terms. Redundant with this loop's order today
