@@ -593,4 +593,19 @@ def test_bwd_fused_ws_compiles(early_release):
     tilelang_ids = set(uses) - set(ours)
     assert tilelang_ids and tilelang_ids.isdisjoint(ours)
     assert rep.source.count("tma_load(") == 6  # the producer's tiles; the first chunk comes by element loads
+    # each role's chunk loop issues the GEMMs and mbarrier operations its macros list (a macro dropped from a role's
+    # GPU loop but kept in the CPU order would pass the float64 CPU check: session 29 nearly shipped one).
+    # ws3: WG0 Q^T sdo x2, K^T (D dW); mbarrier arrives ds_ready, sdo_free, early_free, inputs_free; waits full,
+    # full_b, dwd_ready. WG1 K Q^T; K dS', P^T dO; dW~; P^T dO; dO S^T, dQK K; (D dW) S^T, D_r Vn dS'^T, dQK^T Q;
+    # dKKt K, dKKt^T K; arrives pt_ready, dvn_ready, dwd_ready, pt_read, early_free, k_done, inputs_free; waits full,
+    # full_b, ds_ready, sdo_free, a_ready, dg_done, dq_ready. WG2 K S, Ag W, dO Vn^T, dVn W^T, A0^T dA0, T A0^T,
+    # K K^T; arrives a_ready, dq_ready, early_free, inputs_free, dg_done; waits full, full_b, pt_ready, dvn_ready,
+    # pt_read, ds_ready, k_done.
+    expected = [(3, 4, 3), (12, 7, 7), (7, 5, 7)] if early_release else [(3, 2, 2), (11, 4, 4), (8, 3, 4)]
+    per_role = []
+    for a, b in loops:
+        body = "\n".join(lines[a - 1 : b])
+        per_role.append((len(re.findall(r"tl::wgmma_(?:ss|rs)<", body)), len(re.findall(r"\.arrive\(\)", body)),
+                         len(re.findall(r"\.wait\(", body))))  # fmt: skip
+    assert per_role == expected, per_role
 

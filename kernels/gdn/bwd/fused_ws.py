@@ -125,6 +125,7 @@ def bwd_fused_ws_program(
     products summed in the other order, x as a difference of two row sums."""
     assert not (profile and cpu_debug)
     assert not (dq_aside and early_release)
+    assert not (GAMMA_IN_REGISTERS and early_release)  # ws3's A side evaluates no P pass to fill gm in
     early = early_release
     assert NREG_CHAIN + NREG_KSIDE + NREG_ASIDE + NREG_LOAD <= 512
     assert dk == dv == 2 * CHUNK
@@ -258,12 +259,12 @@ def bwd_fused_ws_program(
         for i, j in T.Parallel(C, C):
             cb[i, j] = T.if_then_else(i >= j, cb[i, j], T.cast(0, dtype))
         T.copy(cb, a_sh)
-        mm(q_sh, k_sh, cc, transpose_b=True)
-        for i, j in T.Parallel(C, C):
-            if GAMMA_IN_REGISTERS:
-                gm[i, j] = gam(g_sh, i, j)
-            cb[i, j] = T.cast(scale * gmv(gm, g_sh, i, j) * cc[i, j], dtype)
-        if not early:  # rev 3's K side forms its own P^T
+        if not early:  # ws3: P comes from the K side's P^T tile (aside_dqk3)
+            mm(q_sh, k_sh, cc, transpose_b=True)
+            for i, j in T.Parallel(C, C):
+                if GAMMA_IN_REGISTERS:
+                    gm[i, j] = gam(g_sh, i, j)
+                cb[i, j] = T.cast(scale * gmv(gm, g_sh, i, j) * cc[i, j], dtype)
             T.copy(cb, p_sh)
         mm(k_sh, s_sh, cv)
         for i, j in T.Parallel(C, dv):
@@ -278,9 +279,20 @@ def bwd_fused_ws_program(
             cv[i, j] = drf[i] * cv[i, j]
         T.copy(cv, v_sh)  # D_r Vn, dk's operand (WG1)
         wg_sync(BAR_ASIDE)
+        if not early:  # ws3: aside_dqk3, after pt_ready
+            mm(do_sh, vn_sh, cc, transpose_b=True)
+            for i, j in T.Parallel(C, C):
+                pr[i, j] = T.cast(cb[i, j], acc) * cc[i, j]  # cb: P as rounded
+                cb[i, j] = T.cast(scale * gmv(gm, g_sh, i, j) * cc[i, j], dtype)
+            T.copy(cb, dqk_sh)
+
+    @T.macro
+    def aside_dqk3(do_sh, vn_sh, p_sh, g_sh, dqk_sh, cc, pr, gm, cb):
+        """ws3's end of aside_forward: dO Vn^T -> dQK and the pair terms' first part P o dO Vn^T, P read transposed
+        from the K side's P^T tile (after pt_ready): no Q K^T and no gate pass for P on the A side."""
         mm(do_sh, vn_sh, cc, transpose_b=True)
         for i, j in T.Parallel(C, C):
-            pr[i, j] = T.cast(cb[i, j], acc) * cc[i, j]  # cb: P as rounded
+            pr[i, j] = T.cast(p_sh[j, i], acc) * cc[i, j]
             cb[i, j] = T.cast(scale * gmv(gm, g_sh, i, j) * cc[i, j], dtype)
         T.copy(cb, dqk_sh)
 
@@ -429,7 +441,7 @@ def bwd_fused_ws_program(
             if t0 + i < end:
                 dk_v[0, t0 + i, bh, j] = ck[i, j]
 
-    # ---- rev 3's K side: its own P^T, dVn before WG2's forward part, dq before dk ----
+    # ---- ws3's K side (early_release): its own P^T, dVn before WG2's forward part, dq before dk ----
     @T.macro
     def kside_pt3(k_sh, q_sh, g_sh, p_sh, cq, ptb):
         """P^T = scale Gamma^T o (K Q^T) into P's tile (WG1's own: no wait for WG2's P; WG2 writes T there only
@@ -609,7 +621,7 @@ def bwd_fused_ws_program(
                     t0 = t_last - it * C
                     load_masked(q, k, v, a0, grad_o, states, g_cumsum, beta, q_sh, k_sh, v_sh, a_sh, do_sh, s_sh,
                                 g_sh, b_sh, d_sh, bc, t0, end, bh, bhg)  # fmt: skip
-                    if early:  # one order rev 3's hand-offs allow (dVn in sdo's tile, after WG0's Q^T terms)
+                    if early:  # one order ws3's hand-offs allow (dVn in sdo's tile, after WG0's Q^T terms)
                         chain_publish(sds, ds_sh, s_sh, part_sh, None)
                         chain_q_terms(sds, q_sh, do_sh, d_sh, sdo_sh)
                         kside_pt3(k_sh, q_sh, g_sh, p_sh, cq, ptf)
@@ -619,6 +631,7 @@ def bwd_fused_ws_program(
                         mm(k_sh, ndwd_sh, sds, transpose_a=True, clear=False)
                         aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh,
                                       dqk_sh, cc, cv2, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
+                        aside_dqk3(do_sh, vn_sh, p_sh, g_sh, dqk_sh, cc, pr, gm, cb)
                         kside_colsums3(w_sh, vn_sh, do_sh, p_sh, cv, u, red_a, red_p)
                         dq_products(do_sh, s_sh, q_sh, k_sh, d_sh, dqk_sh, ck, tmp, red_q, dq_v, t0, end, bh)
                         kside_dk_first3(v_sh, ds_sh, k_sh, ndwd_sh, s_sh, dqk_sh, q_sh, ck, u, red_b, red_x)
@@ -664,6 +677,7 @@ def bwd_fused_ws_program(
                     sdo_free = T.alloc_barrier(arrive_count=WG)
                     dg_done = T.alloc_barrier(arrive_count=WG)
                     pt_read = T.alloc_barrier(arrive_count=WG)
+                    pt_ready = T.alloc_barrier(arrive_count=WG)
                 tx = T.get_thread_binding()
                 clk = T.alloc_local((1,), "int64")
                 spent = T.alloc_local((NUM_PHASES,), "int64")
@@ -723,6 +737,7 @@ def bwd_fused_ws_program(
                                 T.barrier_wait(full_b, (it - 1) % 2)
                             tick(clk, spent, 0)
                             kside_pt3(k_sh, q_sh, g_sh, p_sh, cq, ptf)
+                            arrive(pt_ready)
                             tick(clk, spent, 1)
                             T.barrier_wait(ds_ready, it % 2)
                             wg_sync(BAR_KSIDE)  # P^T in shared memory for this warpgroup's products
@@ -783,6 +798,8 @@ def bwd_fused_ws_program(
                             tick(clk, spent, 0)
                             aside_forward(q_sh, k_sh, v_sh, a_sh, do_sh, s_sh, g_sh, b_sh, d_sh, p_sh, w_sh, vn_sh,
                                           dqk_sh, cc, cv, ag, pr, gm, cb, drf, t0, end)  # fmt: skip
+                            T.barrier_wait(pt_ready, it % 2)  # the K side's P^T is in P's tile
+                            aside_dqk3(do_sh, vn_sh, p_sh, g_sh, dqk_sh, cc, pr, gm, cb)
                             arrive(a_ready)
                             tick(clk, spent, 1)
                             T.barrier_wait(dvn_ready, it % 2)
