@@ -18,8 +18,8 @@ all threads, masked, before the roles split, so every later chunk is whole and c
 mbarriers, each completing once a chunk (parity = the chunk's step % 2): ds_ready (WG0), a_ready and dq_ready
 (WG2), dvn_ready, dwd_ready and k_done (WG1; k_done: x, <D dW, KS>, the column sums and D scale <dO, QS> for
 dg), full (the producer) and inputs_free (all three consumers). The early-release schedule (ws3, below) adds
-full_b and early_free (two load groups), sdo_free (WG0), pt_read (WG1) and dg_done (WG2), and changes what the
-shared tiles carry (its docstring); this paragraph and the next describe ws and ws2.
+full_b and early_free (two load groups), sdo_free (WG0), pt_ready and pt_read (WG1) and dg_done (WG2), and
+changes what the shared tiles carry (its docstring); this paragraph and the next describe ws and ws2.
 
 Why single buffers and hand-off tiles can be reused: every consumer waits for `full` of step it + 1 before it
 writes anything of that step, and `full` of step it + 1 follows `inputs_free` of step it, which each consumer
@@ -74,7 +74,7 @@ PHASES_EARLY = (
     ("wait full", "K Q^T, P^T", "wait ds_ready", "K dS', dVn, wait sdo_free", "dW~, dv, -D dW", "wait a_ready",
      "colsums, dq, store", "dk's first products, row_b, x", "wait dg_done, publish", "wait dq_ready",
      "dKKt K, dKKt^T K, store"),
-    ("wait full", "W, Vn, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "wait pt_read", "A0 path",
+    ("wait full", "W, Vn, wait pt_ready, dO Vn^T", "wait dvn_ready", "dAg, pair rows", "wait pt_read", "A0 path",
      "wait ds_ready, release", "wait k_done", "dg, dbeta"),
 )  # fmt: skip
 NUM_PHASES = max(len(p) for table in (PHASES, PHASES_DQ_ASIDE, PHASES_EARLY) for p in table)
@@ -121,8 +121,9 @@ def bwd_fused_ws_program(
     WG0's scale D dO parts (sdo_free: WG0 is done with them); dq comes right after a_ready, dk's (D dW) S^T and
     dQK^T Q with its first product (<D dW, K S> from (D dW) S^T: no K S again); S, Q, V, dO and A0 (`full`) are
     released (early_free) once those have read them and load under the chunk's tail, K and the gates (full_b) after
-    it; WG2's dg of a chunk runs after its release (dg_done guards WG1's next row terms). Same math; dVn's two
-    products summed in the other order, x as a difference of two row sums."""
+    it; WG2's dg of a chunk runs after its release (dg_done guards WG1's next row terms); WG2 forms no P: it reads
+    P transposed from WG1's P^T tile after pt_ready. Same math; dVn's two products summed in the other order, x as
+    a difference of two row sums."""
     assert not (profile and cpu_debug)
     assert not (dq_aside and early_release)
     assert not (GAMMA_IN_REGISTERS and early_release)  # ws3's A side evaluates no P pass to fill gm in
