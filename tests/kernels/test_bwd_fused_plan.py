@@ -12,11 +12,11 @@ from qla_kernels.gdn.bwd_cp_plan import FUSED_STEP_US, choose_fused_cp, fused_wa
 def test_switch_defaults_off_until_measured_and_names_itself(monkeypatch):
     monkeypatch.delenv(bwd_api.BWD_FUSED_ENV, raising=False)
     assert bwd_api.DEFAULT_BWD_FUSED == "0" and bwd_api.resolve_bwd_fused_mode() == "0"
-    for value, mode in (("1", "1"), ("2", "2"), (" 0 ", "0"), ("ws", "ws"), ("ws2", "ws2")):
+    for value, mode in (("1", "1"), ("2", "2"), (" 0 ", "0"), ("ws", "ws"), ("ws2", "ws2"), ("ws3", "ws3")):
         monkeypatch.setenv(bwd_api.BWD_FUSED_ENV, value)
         assert bwd_api.resolve_bwd_fused_mode() == mode
     monkeypatch.setenv(bwd_api.BWD_FUSED_ENV, "yes")
-    with pytest.raises(ValueError, match=r"\$QLA_BWD_FUSED must be one of \['0', '1', '2', 'ws', 'ws2'\]"):
+    with pytest.raises(ValueError, match=r"\$QLA_BWD_FUSED must be one of \['0', '1', '2', 'ws', 'ws2', 'ws3'\]"):
         bwd_api.resolve_bwd_fused_mode()
 
 
