@@ -320,8 +320,8 @@ def resolve_bwd_overlap() -> bool:
 
 def resolve_bwd_fused_mode() -> str:
     """$QLA_BWD_FUSED: "0" the staged backward, "1" the fused walk, "2" the fused walk with its loads prefetched,
-    "ws" / "ws2" the warp-specialised walk (dq by the K side / the A side); unset DEFAULT_BWD_FUSED; anything else
-    a ValueError naming the choices."""
+    "ws" / "ws2" the warp-specialised walk (dq by the K side / the A side), "ws3" the same on the early-release
+    schedule; unset DEFAULT_BWD_FUSED; anything else a ValueError naming the choices."""
     value = env_text(BWD_FUSED_ENV) or DEFAULT_BWD_FUSED
     if value not in BWD_FUSED_CHOICES:
         raise ValueError(f"${BWD_FUSED_ENV} must be one of {list(BWD_FUSED_CHOICES)} (or unset: "
